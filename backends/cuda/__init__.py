@@ -1,0 +1,1 @@
+"""GPU backends: ``cupy_backend`` (NVRTC raw kernels) and ``numba_backend``."""

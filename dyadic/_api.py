@@ -1,0 +1,244 @@
+"""The public primitives: validate, dispatch to a backend, raise for bad rows."""
+
+import numpy as np
+
+from . import _arrays, _backend, _spec, _status, _validate
+from ._types import Dyadic, Keys, Verdict
+
+
+def _alloc_outputs(batch, v, width):
+    counts = np.empty((batch, width if width else v), dtype=np.uint32)
+    ids = np.empty((batch, width), dtype=np.int32) if width else None
+    return counts, ids
+
+
+def _dyadic(counts, ids, batch_shape, v, policy, kind):
+    shape = tuple(batch_shape) + (counts.shape[-1],)
+    c = _arrays.output(counts.reshape(shape), kind)
+    i = None if ids is None else _arrays.output(ids.reshape(shape), kind)
+    return Dyadic(c, i, vocab_size=v, policy=policy, _trusted=True)
+
+
+def _row_label(batch_shape):
+    def label(flat):
+        if len(batch_shape) <= 1:
+            return flat
+        return tuple(int(i) for i in np.unravel_index(flat, batch_shape))
+    return label
+
+
+def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy="standard",
+             backend="cpu"):
+    """Integer ticket counts c_v >= 0 with sum exactly 2**24 per row.
+
+    Parameters
+    ----------
+    x : float32 / float16 / bfloat16 array [..., V] (NumPy or torch CPU)
+        Non-negative weights (any scale; ``logits=False``) or logits
+        (``logits=True``; -inf masks a token).
+    logits : bool
+        Interpret ``x`` as logits: weights are exp((x + bias) / temperature)
+        through the integer exponential of docs/semantics.md.
+    temperature : float or float array [B]
+        > 0 and finite; logits only.
+    bias : float32 array [V] or [..., V], optional
+        Additive logit bias (logits only); -inf masks.
+    top_k : int, optional
+        Select the global support first (largest effective value first, ties
+        to the lowest id), normalise within it, allocate on it, drop zero
+        counts.  The result is sparse with width min(top_k, V).
+    policy : {"standard", "floor-first"}
+        ``dyadic24-standard-v1`` (floor + largest remainders, ties lowest id)
+        or ``dyadic24-floor-first-v1`` (floor, remaining tickets to the
+        largest-value token).
+    backend : str
+        "cpu", "reference", "cuda" or "numba".
+
+    Returns
+    -------
+    Dyadic with counts uint32 [..., W] (and ids int32 [..., W] when sparse),
+    outputs of the same kind (NumPy / torch) as ``x``.
+
+    Raises ValueError naming the row and rule for NaN, +inf, negative
+    weights and zero effective mass; TypeError for unsupported dtypes.
+
+    Compatibility guarantee: counts are a pure function of the input bits,
+    the arguments and the semantic id: identical on every backend and
+    platform.
+
+    Examples
+    --------
+    >>> import numpy as np, dyadic
+    >>> q = dyadic.allocate(np.array([[0.5, 0.25, 0.25]], dtype=np.float32))
+    >>> q.counts.tolist()
+    [[8388608, 4194304, 4194304]]
+    """
+    code = _validate.policy(policy)
+    be = _backend.get(backend)
+    kind = _arrays.kind_of(x)
+    x2, b2, batch_shape = _validate.logits_and_bias(x, bias)
+    batch, v = x2.shape
+    if logits:
+        temp = _validate.temperature(temperature, batch, allow_zero=False)
+    else:
+        if bias is not None or not (np.ndim(temperature) == 0 and temperature == 1.0):
+            raise ValueError("temperature/bias: apply only to logits (logits=True); "
+                             "weights are used as given")
+        temp = np.ones(batch, dtype=np.float64)
+    width = _validate.top_k(top_k, v)
+    counts, ids = _alloc_outputs(batch, v, width)
+    status = np.zeros(batch, dtype=np.int32)
+    if batch:
+        be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
+    _status.raise_for_status(status, _row_label(batch_shape))
+    return _dyadic(counts, ids, batch_shape, v, policy, kind)
+
+
+def _keys_for(keys, batch, extra=0):
+    if not isinstance(keys, Keys):
+        raise TypeError(f"keys: expected dyadic.Keys, got {type(keys).__name__}")
+    return keys.broadcast(batch, position_extra=extra)
+
+
+def draw(q, keys, *, backend="cpu"):
+    """Draw one token per row of ``q``.
+
+    r = (word 0 of Philox(counter(PROPOSAL, position, draw index 0))) >> 8 is a
+    uniform 24-bit integer; the token is the first id whose cumulative count
+    is strictly greater than r.
+
+    Parameters
+    ----------
+    q : Dyadic, batch shape (B,) (or any shape; rows are flattened in C order)
+    keys : Keys broadcast over the B rows.
+
+    Returns int32 tokens of shape ``q.batch_shape``.
+    """
+    if not isinstance(q, Dyadic):
+        raise TypeError(f"q: expected a dyadic.Dyadic, got {type(q).__name__}")
+    be = _backend.get(backend)
+    counts, ids = q._numpy()
+    batch = int(np.prod(q.batch_shape, dtype=np.int64))
+    k = _keys_for(keys, batch)
+    tokens = np.empty(batch, dtype=np.int32)
+    c2 = np.ascontiguousarray(counts.reshape(batch, q.width))
+    i2 = None if ids is None else np.ascontiguousarray(ids.reshape(batch, q.width))
+    if batch:
+        be.draw(c2, i2, *k, tokens)
+    return _arrays.output(tokens.reshape(q.batch_shape), _arrays.kind_of(q.counts))
+
+
+def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="standard",
+            backend="cpu"):
+    """Allocate q from logits and draw a token from it, in one call.
+
+    Parameters
+    ----------
+    logits : float32 / float16 / bfloat16 [B, V]
+    keys : Keys over B rows; the draw uses the PROPOSAL domain at
+        ``keys.position``.
+    temperature : float or float array [B]
+        >= 0; a row with temperature 0 returns its argmax of x + bias (ties:
+        lowest id) with q the point mass on it, and consumes no randomness.
+    bias, top_k, policy : as in ``allocate`` (top_k=None gives dense q).
+
+    Returns
+    -------
+    (tokens int32 [B], q Dyadic [B])
+    """
+    code = _validate.policy(policy)
+    be = _backend.get(backend)
+    kind = _arrays.kind_of(logits)
+    x2, b2, batch_shape = _validate.logits_and_bias(logits, bias, "logits")
+    if len(batch_shape) != 1:
+        raise ValueError(f"logits: expected shape [B, V], got {tuple(batch_shape) + (x2.shape[1],)}")
+    batch, v = x2.shape
+    temp = _validate.temperature(temperature, batch, allow_zero=True)
+    width = _validate.top_k(top_k, v)
+    k = _keys_for(keys, batch)
+    counts, ids = _alloc_outputs(batch, v, width)
+    tokens = np.empty(batch, dtype=np.int32)
+    status = np.zeros(batch, dtype=np.int32)
+    if batch:
+        be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
+    _status.raise_for_status(status, lambda r: r)
+    q = _dyadic(counts, ids, batch_shape, v, policy, kind)
+    return _arrays.output(tokens, kind), q
+
+
+def verify(target, draft, q, keys, *, greedy=None, backend="cpu"):
+    """Standard speculative verification of a fixed-depth draft chain.
+
+    Leviathan et al. 2023, algorithm 1, in exact integers: draft d_i is
+    accepted with probability min(1, p_i(d_i) / q_i(d_i)) (domain ACCEPTANCE
+    at position + i); at the first rejection a token is drawn from
+    max(p_i - q_i, 0) over the full vocabulary (domain CORRECTION at
+    position + i); when all k are accepted a bonus token is drawn from p_k
+    (domain CORRECTION at position + k).
+
+    Parameters
+    ----------
+    target : float32 [B, k+1, V]
+        Target probabilities after the target's own processing (T=1,
+        top_p=1); each row must sum to 1 within 2**-10.
+    draft : integer [B, k]
+        The proposed tokens.
+    q : Dyadic with batch shape (B, k), dense or sparse, or None
+        The q each draft token was sampled from.  None means point-mass q (a
+        greedy draft): never a silent default.
+    keys : Keys over B rows; ``position`` is that of draft[:, 0].
+    greedy : bool [B], optional
+        Rows verified against the target argmax (ties: lowest id): accept
+        while d_i == argmax p_i, then emit argmax; no randomness.
+
+    Returns
+    -------
+    Verdict(accepted int32 [B], tokens int32 [B, k+1]).
+    """
+    be = _backend.get(backend)
+    kind = _arrays.kind_of(target)
+    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, q, greedy)
+    keys_b = _keys_for(keys, batch, extra=k)
+    qc = qi = None
+    if q is not None:
+        qc, qi = q._numpy()
+        qc = np.ascontiguousarray(qc)
+        qi = None if qi is None else np.ascontiguousarray(qi)
+    accepted = np.empty(batch, dtype=np.int32)
+    tokens = np.empty((batch, k + 1), dtype=np.int32)
+    status = np.zeros(batch, dtype=np.int32)
+    if batch:
+        be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
+    _status.raise_for_status(status)
+    return Verdict(_arrays.output(accepted, kind), _arrays.output(tokens, kind))
+
+
+def philox4x32(counter, key, rounds=10, *, backend="cpu"):
+    """The raw Philox4x32 generator (Random123 constants).
+
+    counter : uint32 array [..., 4]; key : uint32 array [..., 2] (broadcast).
+    Returns uint32 [..., 4].  ``philox4x32([0]*4, [0]*2)`` is
+    ``[0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]`` (Random123 kat_vectors).
+    """
+    be = _backend.get(backend)
+    c = np.asarray(counter)
+    k = np.asarray(key)
+    for name, a, n in (("counter", c, 4), ("key", k, 2)):
+        if a.dtype.kind not in "iu" or a.shape[-1:] != (n,):
+            raise ValueError(f"{name}: expected an integer array [..., {n}], got {a.dtype} {a.shape}")
+        if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+            raise ValueError(f"{name}: words must be in [0, 2**32)")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or not 0 <= rounds <= 16:
+        raise ValueError(f"rounds: expected an int in [0, 16], got {rounds!r}")
+    shape = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
+    c2 = np.ascontiguousarray(np.broadcast_to(c, shape + (4,)).reshape(-1, 4).astype(np.uint32))
+    k2 = np.ascontiguousarray(np.broadcast_to(k, shape + (2,)).reshape(-1, 2).astype(np.uint32))
+    out = np.empty_like(c2)
+    if c2.shape[0]:
+        be.philox4x32(c2, k2, int(rounds), out)
+    return out.reshape(shape + (4,))
+
+
+def available_backends():
+    """Names of the backends that load and can run here (always 'reference')."""
+    return _backend.available()

@@ -1,0 +1,85 @@
+"""The backend interface (what every backend implements) and the lazy registry.
+
+A backend receives validated, C-contiguous arrays and preallocated outputs,
+writes results and per-row status codes, and never raises for bad data.
+Shapes: B rows, V vocabulary, W sparse width (or V), k draft depth.
+Keys arrive as four arrays of length B: seed (uint64), generation, round,
+position (uint32).
+"""
+
+import importlib
+from typing import Protocol
+
+
+class Backend(Protocol):
+    name: str
+
+    def philox4x32(self, counters, keys, rounds, out):
+        """counters uint32 [N, 4], keys uint32 [N, 2] -> out uint32 [N, 4]."""
+
+    def allocate(self, x, bias, temperature, logits, policy, top_k, counts, ids, status):
+        """x float32 [B, V]; bias float32 [1 or B, V] or None; temperature
+        float64 [B]; logits bool; policy int (``_spec.POLICY_CODES``); top_k
+        int (0 = dense). Writes counts uint32 [B, W], ids int32 [B, W] (sparse
+        only, else None) and status int32 [B]."""
+
+    def propose(self, x, bias, temperature, policy, top_k, seed, generation, round, position,
+                tokens, counts, ids, status):
+        """allocate on logits + draw; temperature 0 rows: argmax, point mass,
+        no draw. Writes tokens int32 [B], counts, ids, status."""
+
+    def draw(self, counts, ids, seed, generation, round, position, tokens):
+        """counts uint32 [B, W], ids int32 [B, W] or None -> tokens int32 [B]."""
+
+    def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
+               position, accepted, tokens, status):
+        """target float32 [B, k+1, V]; draft int32 [B, k]; q_counts uint32
+        [B, k, W] or None (point-mass q); q_ids int32 [B, k, W] or None
+        (dense); greedy uint8 [B]. Writes accepted int32 [B], tokens int32
+        [B, k+1], status int32 [B]."""
+
+
+_REGISTRY = {
+    "cpu": ("dyadic.backends.cpu.backend", "CpuBackend",
+            "the compiled CPU extension is missing: reinstall dyadic (pip install .)"),
+    "reference": ("dyadic.reference.backend", "ReferenceBackend", ""),
+    "cuda": ("dyadic.backends.cuda.cupy_backend", "CupyBackend",
+             "backend 'cuda' needs CuPy and an NVIDIA GPU: pip install cupy-cuda12x (or 13x)"),
+    "numba": ("dyadic.backends.cuda.numba_backend", "NumbaBackend",
+              "backend 'numba' needs numba and numba-cuda, and an NVIDIA GPU or "
+              "NUMBA_ENABLE_CUDASIM=1: pip install numba numba-cuda"),
+}
+_LOADED = {}
+
+
+def names():
+    return tuple(_REGISTRY)
+
+
+def get(name):
+    """The backend object for ``name``, imported on first use."""
+    if isinstance(name, str) and name in _LOADED:
+        return _LOADED[name]
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"backend: unknown backend {name!r}; expected one of {sorted(_REGISTRY)}")
+    module, cls, hint = _REGISTRY[name]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise RuntimeError(f"backend {name!r} cannot load: {hint} ({exc})") from exc
+    obj = getattr(mod, cls)()
+    _LOADED[name] = obj
+    return obj
+
+
+def available():
+    """Names of the backends that load and can run on this machine."""
+    out = []
+    for name in _REGISTRY:
+        try:
+            backend = get(name)
+        except Exception:
+            continue
+        if getattr(backend, "usable", lambda: True)():
+            out.append(name)
+    return out

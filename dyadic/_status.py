@@ -1,0 +1,71 @@
+"""Per-row status codes shared by every backend, and the errors they become.
+
+Kernels never raise: they write one status code per row (0 = OK).  The Python
+layer turns the first non-zero code into the exception below, so every backend
+raises the same type with the same message.  With ``check=False`` on GPU
+backends the codes are returned to the caller instead (fail closed).
+"""
+
+OK = 0
+# allocate / propose inputs
+X_NAN = 1
+X_POSINF = 2
+X_NEGATIVE = 3
+X_ZERO_MASS = 4
+ALLOC_INCONSISTENT = 5
+# verify inputs
+TARGET_INVALID_VALUE = 10
+TARGET_SUM = 11
+Q_ZERO_AT_DRAFT = 12
+# RNG
+RNG_EXHAUSTED = 20
+
+_MESSAGES = {
+    X_NAN: ("x", "contains NaN (after (x + bias) / temperature for logits)"),
+    X_POSINF: ("x", "contains +inf (after (x + bias) / temperature for logits)"),
+    X_NEGATIVE: ("x", "weights must be >= 0 (a negative value or -inf was found)"),
+    X_ZERO_MASS: ("x", "has zero effective mass (every weight is 0 or every logit is -inf)"),
+    ALLOC_INCONSISTENT: ("x", "integer allocation is inconsistent (remaining tickets out of "
+                              "range or counts do not sum to 2**24); refusing"),
+    TARGET_INVALID_VALUE: ("target", "probabilities must be finite, >= 0 and <= 1 "
+                                     "(NaN, inf, a negative value or a value > 1 was found)"),
+    TARGET_SUM: ("target", "probabilities must sum to 1 within 2**-10 (checked exactly "
+                           "on floor(p * 2**62))"),
+    Q_ZERO_AT_DRAFT: ("q", "q(d) = 0 at a proposed draft token d: the draft could not "
+                           "have been sampled from this q"),
+    RNG_EXHAUSTED: ("keys", "bounded draw exhausted 2**28 draw indices (probability "
+                            "< 2**-(2**28)); the key fields are reused or corrupted"),
+}
+
+#: Codes reported by each primitive, for documentation and tests.
+CODES = dict((code, msg) for code, msg in _MESSAGES.items())
+
+
+def message(code, row):
+    """The error text for status ``code`` at ``row`` (an int or a tuple)."""
+    argument, rule = _MESSAGES[code]
+    return f"{argument}: row {row}: {rule} [status {code}]"
+
+
+def raise_for_status(status, row_index=None):
+    """Raise ValueError for the first row whose status is non-zero.
+
+    ``status`` is an integer array (any shape, C order); ``row_index`` maps a
+    flat index to the row label used in the message (default: the unravelled
+    index as a tuple, or an int for 1-D).
+    """
+    import numpy as np
+
+    status = np.asarray(status)
+    bad = np.flatnonzero(status)
+    if bad.size == 0:
+        return
+    flat = int(bad[0])
+    code = int(status.reshape(-1)[flat])
+    if row_index is not None:
+        row = row_index(flat)
+    elif status.ndim <= 1:
+        row = flat
+    else:
+        row = tuple(int(i) for i in np.unravel_index(flat, status.shape))
+    raise ValueError(message(code, row))

@@ -1,0 +1,223 @@
+"""Keys, Dyadic and Verdict: the values the API takes and returns."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _arrays, _spec
+
+_KEY_FIELDS = (
+    ("seed", _spec.SEED_MAX, np.uint64),
+    ("generation", _spec.GENERATION_MAX, np.uint32),
+    ("round", _spec.ROUND_MAX, np.uint32),
+    ("position", _spec.POSITION_MAX, np.uint32),
+)
+
+
+class Keys:
+    """The RNG key fields of a batch of requests.
+
+    Parameters
+    ----------
+    seed : int or 1-D integer array, in [0, 2**64)
+        The request's seed (Philox key).
+    generation : int or 1-D integer array, in [0, 2**32)
+        Bumped by a reset/reconnect; invalidates every earlier draw.
+    round : int or 1-D integer array, in [0, 2**32)
+        Speculation round within the generation.
+    position : int or 1-D integer array, in [0, 2**32)
+        Absolute position of the token being proposed (for ``verify``: of
+        the first draft token; draft ``i`` is at ``position + i``).
+
+    Each field broadcasts over the batch.  Values out of range raise
+    ``ValueError`` naming the field and the row.  Every draw is a pure
+    function of these fields, a domain and a draw index (docs/semantics.md).
+    """
+
+    __slots__ = ("seed", "generation", "round", "position")
+
+    def __init__(self, seed, generation=0, round=0, position=0):
+        for name, value in zip(self.__slots__, (seed, generation, round, position)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Keys is immutable")
+
+    def __repr__(self):
+        return (f"Keys(seed={self.seed!r}, generation={self.generation!r}, "
+                f"round={self.round!r}, position={self.position!r})")
+
+    def broadcast(self, batch, *, position_extra=0):
+        """Validated fields as arrays of length ``batch`` (uint64 seed, uint32 others).
+
+        ``position_extra``: the largest offset added to ``position`` by the
+        caller (``k`` for verify), which must also stay in range.
+        """
+        out = []
+        for (name, hi, dtype), value in zip(_KEY_FIELDS, (self.seed, self.generation,
+                                                          self.round, self.position)):
+            if name == "position":
+                hi -= position_extra
+            out.append(_key_field(value, name, hi, dtype, batch))
+        return tuple(out)
+
+
+def _key_field(value, name, hi, dtype, batch):
+    label = f"keys.{name}"
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{label}: expected an integer, got bool")
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+        if not 0 <= v <= hi:
+            raise ValueError(f"{label}: value {v} out of range [0, {hi}]")
+        return np.full(batch, v, dtype=dtype)
+    arr = _arrays.int_to_numpy(value, label)
+    if arr.ndim != 1:
+        raise ValueError(f"{label}: expected an int or a 1-D array, got shape {arr.shape}")
+    if arr.shape[0] not in (1, batch):
+        raise ValueError(f"{label}: length {arr.shape[0]} does not match the batch {batch}")
+    neg = arr < 0 if arr.dtype.kind == "i" else np.zeros(arr.shape, dtype=bool)
+    bad = np.flatnonzero(neg | (arr.astype(np.uint64) > np.uint64(hi)))
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(f"{label}: row {r}: value {int(arr[r])} out of range [0, {hi}]")
+    return np.ascontiguousarray(np.broadcast_to(arr.astype(dtype), (batch,)))
+
+
+class Dyadic:
+    """A batch of dyadic categorical distributions q(v) = counts / 2**24.
+
+    Parameters
+    ----------
+    counts : uint32 array [..., W]
+        Ticket counts; every row sums to exactly ``TOTAL = 2**24``.
+    ids : int32 array [..., W] or None
+        Sparse support: valid ids strictly ascending in [0, vocab_size), then
+        padding entries (id -1, count 0) at the end of the row.  None means
+        dense (W == vocab_size, ``counts[..., v]`` is token v).
+    vocab_size : int
+        V; required for sparse rows, defaults to W for dense rows.
+    policy : str
+        "standard", "floor-first", or "external" (counts from elsewhere, e.g.
+        the wire); ``semantic_id`` names it.
+
+    Rows are validated on construction (``ValueError`` naming the row and the
+    rule); arrays are stored read-only (NumPy).  Results of ``allocate`` and
+    ``propose`` are valid by construction.
+
+    Compatibility guarantee: for a given input, policy and semantic id, the
+    counts are identical on every backend, platform and version of dyadic that
+    carries that semantic id.
+    """
+
+    __slots__ = ("_counts", "_ids", "_vocab_size", "_policy")
+
+    def __init__(self, counts, ids=None, *, vocab_size=None, policy="standard", _trusted=False):
+        if not _trusted:
+            from . import _validate
+            counts, ids, vocab_size = _validate.dyadic_parts(counts, ids, vocab_size, policy)
+        for a in (counts, ids):
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+        object.__setattr__(self, "_counts", counts)
+        object.__setattr__(self, "_ids", ids)
+        object.__setattr__(self, "_vocab_size", int(vocab_size))
+        object.__setattr__(self, "_policy", policy)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Dyadic is immutable")
+
+    @property
+    def counts(self):
+        """uint32 [..., W] ticket counts (read-only)."""
+        return self._counts
+
+    @property
+    def ids(self):
+        """int32 [..., W] sparse ids with -1 padding, or None when dense."""
+        return self._ids
+
+    @property
+    def vocab_size(self):
+        return self._vocab_size
+
+    @property
+    def policy(self):
+        return self._policy
+
+    @property
+    def semantic_id(self):
+        """``dyadic24-standard-v1``, ``dyadic24-floor-first-v1`` or ``dyadic24-external``."""
+        return _spec.SEMANTIC_IDS.get(self._policy, "dyadic24-external")
+
+    @property
+    def is_sparse(self):
+        return self._ids is not None
+
+    @property
+    def batch_shape(self):
+        return tuple(self._counts.shape[:-1])
+
+    @property
+    def width(self):
+        return int(self._counts.shape[-1])
+
+    def __repr__(self):
+        kind = f"sparse width {self.width}" if self.is_sparse else "dense"
+        return (f"Dyadic(batch_shape={self.batch_shape}, vocab_size={self.vocab_size}, "
+                f"{kind}, {self.semantic_id})")
+
+    def _numpy(self):
+        c = _arrays.int_to_numpy(self._counts, "q.counts")
+        i = None if self._ids is None else _arrays.int_to_numpy(self._ids, "q.ids")
+        return c, i
+
+    def to_dense(self):
+        """The same distribution with dense counts [..., V] (uint32)."""
+        if not self.is_sparse:
+            return self
+        counts, ids = self._numpy()
+        rows = counts.reshape(-1, self.width)
+        rid = ids.reshape(-1, self.width)
+        dense = np.zeros((rows.shape[0], self.vocab_size), dtype=np.uint32)
+        r, j = np.nonzero(rid >= 0)
+        dense[r, rid[r, j]] = rows[r, j]
+        dense = dense.reshape(self.batch_shape + (self.vocab_size,))
+        kind = _arrays.kind_of(self._counts)
+        return Dyadic(_arrays.output(dense, kind), None, vocab_size=self.vocab_size,
+                      policy=self._policy, _trusted=True)
+
+    def probs(self):
+        """float32 values counts / 2**24 (exact), aligned with ``counts``."""
+        counts, _ = self._numpy()
+        out = (counts.astype(np.float32) * np.float32(1.0 / _spec.TOTAL)).astype(np.float32)
+        return _arrays.output(out, _arrays.kind_of(self._counts))
+
+    def __getitem__(self, index):
+        """Rows of the batch (the last axis is never indexed)."""
+        if not isinstance(index, tuple):
+            index = (index,)
+        if len(index) > len(self.batch_shape):
+            raise IndexError("Dyadic: too many indices (the vocabulary axis is not indexable)")
+        c = self._counts[index]
+        i = None if self._ids is None else self._ids[index]
+        return Dyadic(c, i, vocab_size=self.vocab_size, policy=self._policy, _trusted=True)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Result of ``verify``.
+
+    accepted : int32 [B]
+        Number of accepted draft tokens per request (0..k).
+    tokens : int32 [B, k+1]
+        The accepted drafts, then the correction (on rejection) or bonus (all
+        accepted) token, then -1.
+    status : int32 [B] or None
+        Per-row status codes (GPU backends with ``check=False``); None when the
+        call validated its inputs (every row is then OK).
+    """
+
+    accepted: object
+    tokens: object
+    status: object = None

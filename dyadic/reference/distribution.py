@@ -1,0 +1,60 @@
+"""Exact distributions (fractions) of what the sampling functions output.
+
+These are the proofs the tests check: ``first_token_distribution`` of a
+one-position verification equals ``target_distribution`` exactly.
+"""
+
+from fractions import Fraction
+
+from .. import _spec, _status
+from . import fixedpoint, sampling
+
+
+def target_distribution(target_bits):
+    """The exact target p(v) = P_v / T that verification preserves."""
+    status, p, total = fixedpoint.target_row_fixed(target_bits)
+    if status:
+        raise ValueError(_status.message(status, 0))
+    return [Fraction(x, total) for x in p]
+
+
+def q_distribution(q_dense):
+    return [Fraction(c, _spec.TOTAL) for c in q_dense]
+
+
+def acceptance_probability(p_fixed, total, count):
+    """P(accept) of the decision procedure in ``sampling.accept``, from its parts."""
+    always, a, b = sampling.accept_split(p_fixed, total, count)
+    if always:
+        return Fraction(1)
+    # P(V1 < a) + P(V1 == a) * P(V2 < b), V1 ~ U[0, T), V2 ~ U[0, c)
+    return Fraction(a, total) + Fraction(1, total) * Fraction(b, count)
+
+
+def residual_distribution(p_fixed, total, q_dense):
+    r = sampling.residual(p_fixed, total, q_dense)
+    s = sum(r)
+    return [Fraction(x, s) for x in r] if s else None
+
+
+def first_token_distribution(target_bits, q_dense):
+    """Exact law of the first emitted token when d ~ q and d is verified.
+
+    The first token is d when accepted, else the residual draw; summing over d
+    weighted by q(d) gives P(first = v), which equals p(v) exactly.
+    """
+    status, p, total = fixedpoint.target_row_fixed(target_bits)
+    if status:
+        raise ValueError(_status.message(status, 0))
+    out = [Fraction(0)] * len(p)
+    res = residual_distribution(p, total, q_dense)
+    for d, c in enumerate(q_dense):
+        if not c:
+            continue
+        qd = Fraction(c, _spec.TOTAL)
+        acc = acceptance_probability(p[d], total, c)
+        out[d] += qd * acc
+        if acc != 1:
+            for v, rv in enumerate(res):
+                out[v] += qd * (1 - acc) * rv
+    return out
