@@ -1,0 +1,60 @@
+"""Shared fixtures: the backends are discovered once and handed to tests.
+
+A backend that cannot load here is a skip with its reason, never a silent pass.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import dyadic
+from dyadic import _backend
+
+# Small hypothesis budget in CI; DYADIC_HYPOTHESIS_EXAMPLES raises it locally.
+try:
+    from hypothesis import settings
+
+    settings.register_profile("dyadic", max_examples=int(os.environ.get(
+        "DYADIC_HYPOTHESIS_EXAMPLES", "40")), deadline=None)
+    settings.load_profile("dyadic")
+except ImportError:  # pragma: no cover
+    pass
+
+
+def _load(name):
+    try:
+        be = _backend.get(name)
+    except Exception as exc:  # noqa: BLE001 - the reason becomes the skip message
+        return None, f"backend {name!r} unavailable: {exc}"
+    if not getattr(be, "usable", lambda: True)():
+        return None, f"backend {name!r} loaded but has no device here"
+    return be, None
+
+
+@pytest.fixture(params=["cpu", "numba", "cuda"])
+def fast_backend(request):
+    """Every non-reference backend; skips (with the reason) where unavailable."""
+    be, why = _load(request.param)
+    if be is None:
+        pytest.skip(why)
+    return request.param
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def softmax_rows(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture
+def make_target():
+    return softmax_rows
+
+
+__all__ = ["dyadic"]
