@@ -48,7 +48,7 @@ def temperature(t, batch, *, allow_zero):
     if not ok.all():
         r = int(np.flatnonzero(~ok)[0])
         rule = ">= 0 (0 means greedy argmax)" if allow_zero else "> 0"
-        raise ValueError(f"temperature: row {r}: value {arr[r]!r} must be finite and {rule}")
+        raise ValueError(f"temperature: row {r}: value {float(arr[r])!r} must be finite and {rule}")
     return arr
 
 
