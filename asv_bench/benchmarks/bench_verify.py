@@ -1,0 +1,34 @@
+"""verify: chain verification, k = 5, dense fp32 target, dense and top-32 q."""
+
+from .common import DEPTH, Backends, keys, require_backend, sync, verify_inputs, device_class
+
+
+class Verify(Backends):
+    def setup(self, backend, vocab, batch):
+        self.dyadic = require_backend(backend)
+        self.backend = backend
+        self.p, self.draft, self.q = verify_inputs(backend, batch, vocab, DEPTH)
+        self.ps, self.drafts, self.qs = verify_inputs(backend, batch, vocab, DEPTH, sparse=True)
+        self.keys = keys(batch)
+        self.warm(self.run, backend)
+
+    def run(self):
+        return self.dyadic.verify(self.p, self.draft, self.q, self.keys, backend=self.backend)
+
+    def run_sparse(self):
+        return self.dyadic.verify(self.ps, self.drafts, self.qs, self.keys, backend=self.backend)
+
+    def time_dense_q(self, backend, vocab, batch):
+        self.run()
+        sync(backend)
+
+    def time_sparse_q(self, backend, vocab, batch):
+        self.run_sparse()
+        sync(backend)
+
+    def peakmem_dense_q(self, backend, vocab, batch):
+        self.run()
+
+
+# CUDA-event device time (GPU backends only).
+VerifyDevice = device_class(Verify)
