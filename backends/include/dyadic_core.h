@@ -1,0 +1,983 @@
+/* dyadic integer core: the whole decision arithmetic of dyadic, header-only.
+ *
+ * One source for every backend: the Cython CPU extension includes it with a
+ * C compiler (gcc/clang, -ffp-contract=off, no fast-math) and the CUDA
+ * backend hands it to NVRTC (--fmad=false).  Every function mirrors a
+ * function of dyadic/reference/ bit for bit; the reference is the
+ * specification, this file is an implementation of it.
+ *
+ * Floating point appears only where the reference uses it
+ * (dyadic/reference/fixedpoint.py): z = (x + bias) / temperature, the gap
+ * t = zmax - z, the test t < 32.0, t * 2**32 and its truncation.
+ * Everything else is integer arithmetic.
+ *
+ * Nothing here allocates: row functions take caller-provided workspaces
+ * whose sizes are given by the dy_*_ws_words() functions (in uint64_t words).
+ *
+ * Compatibility guarantee: for the same inputs every function returns the
+ * same bits on every platform and compiler that honours IEEE-754 binary64
+ * round-to-nearest without contraction, and equals dyadic/reference.
+ */
+#ifndef DYADIC_CORE_H
+#define DYADIC_CORE_H
+
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned int uint32_t;
+typedef int int32_t;
+typedef unsigned long long uint64_t;
+typedef long long int64_t;
+#else
+#include <stdint.h>
+#endif
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define DY_CUDA 1
+#define DY_FUNC static __device__ __forceinline__
+#ifndef DY_CONST_TABLE
+#define DY_CONST_TABLE __device__ static const
+#endif
+#else
+#define DY_FUNC static inline
+#ifndef DY_CONST_TABLE
+#define DY_CONST_TABLE static const
+#endif
+#endif
+
+#ifndef DY_NULL
+#define DY_NULL 0
+#endif
+
+/* The generated table is declared as dy_exp2_neg_q62[4][256]; it is renamed
+ * dy_exp2_neg_q62_table here so that dy_exp2_neg_q62() can be the function. */
+#define dy_exp2_neg_q62 dy_exp2_neg_q62_table
+#include "dyadic_exp_table.h"
+#undef dy_exp2_neg_q62
+
+/* ---- constants: identical to dyadic/_spec.py (tests/test_spec_constants.py) ---- */
+#define DY_TOTAL (1u << 24)
+#define DY_TOTAL_BITS 24
+#define DY_WEIGHT_BITS 39
+#define DY_TARGET_BITS 62
+#define DY_TARGET_TOL_BITS 10
+#define DY_EXP_CUTOFF 32.0
+#define DY_MAX_VOCAB (1u << 24)
+#define DY_DOMAIN_SHIFT 28
+#define DY_MAX_DRAW_INDEX ((1u << 28) - 1u)
+#define DY_DOMAIN_PROPOSAL 1u
+#define DY_DOMAIN_ACCEPTANCE 2u
+#define DY_DOMAIN_CORRECTION 3u
+#define DY_POLICY_STANDARD 0
+#define DY_POLICY_FLOOR_FIRST 1
+#define DY_PAD_ID (-1)
+
+/* ---- status codes: identical to dyadic/_status.py ---- */
+#define DY_ST_OK 0
+#define DY_ST_X_NAN 1
+#define DY_ST_X_POSINF 2
+#define DY_ST_X_NEGATIVE 3
+#define DY_ST_X_ZERO_MASS 4
+#define DY_ST_ALLOC_INCONSISTENT 5
+#define DY_ST_TARGET_INVALID_VALUE 10
+#define DY_ST_TARGET_SUM 11
+#define DY_ST_Q_ZERO_AT_DRAFT 12
+#define DY_ST_RNG_EXHAUSTED 20
+
+/* Philox4x32 constants (Random123). */
+#define DY_PHILOX_M0 0xD2511F53u
+#define DY_PHILOX_M1 0xCD9E8D57u
+#define DY_PHILOX_W0 0x9E3779B9u
+#define DY_PHILOX_W1 0xBB67AE85u
+
+/* ======================= 128-bit unsigned integers ======================= */
+
+typedef struct {
+    uint64_t hi, lo;
+} dy_u128;
+
+DY_FUNC dy_u128 dy_make128(uint64_t hi, uint64_t lo) {
+    dy_u128 r;
+    r.hi = hi;
+    r.lo = lo;
+    return r;
+}
+
+DY_FUNC dy_u128 dy_from64(uint64_t lo) { return dy_make128(0, lo); }
+
+/* Full 64 x 64 -> 128-bit product. */
+DY_FUNC dy_u128 dy_mul64(uint64_t a, uint64_t b) {
+#if defined(DY_CUDA)
+    return dy_make128(__umul64hi(a, b), a * b);
+#elif defined(__SIZEOF_INT128__)
+    unsigned __int128 p = (unsigned __int128)a * b;
+    return dy_make128((uint64_t)(p >> 64), (uint64_t)p);
+#else
+    uint64_t a0 = a & 0xFFFFFFFFu, a1 = a >> 32, b0 = b & 0xFFFFFFFFu, b1 = b >> 32;
+    uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+    uint64_t mid = (p00 >> 32) + (p01 & 0xFFFFFFFFu) + (p10 & 0xFFFFFFFFu);
+    return dy_make128(p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32),
+                      (mid << 32) | (p00 & 0xFFFFFFFFu));
+#endif
+}
+
+/* High 64 bits of a * b. */
+DY_FUNC uint64_t dy_mulhi64(uint64_t a, uint64_t b) { return dy_mul64(a, b).hi; }
+
+DY_FUNC dy_u128 dy_add128(dy_u128 a, dy_u128 b) {
+    dy_u128 r;
+    r.lo = a.lo + b.lo;
+    r.hi = a.hi + b.hi + (r.lo < a.lo);
+    return r;
+}
+
+/* a - b (mod 2**128). */
+DY_FUNC dy_u128 dy_sub128(dy_u128 a, dy_u128 b) {
+    dy_u128 r;
+    r.lo = a.lo - b.lo;
+    r.hi = a.hi - b.hi - (a.lo < b.lo);
+    return r;
+}
+
+DY_FUNC int dy_lt128(dy_u128 a, dy_u128 b) { return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo); }
+DY_FUNC int dy_le128(dy_u128 a, dy_u128 b) { return !dy_lt128(b, a); }
+DY_FUNC int dy_eq128(dy_u128 a, dy_u128 b) { return a.hi == b.hi && a.lo == b.lo; }
+DY_FUNC int dy_is_zero128(dy_u128 a) { return (a.hi | a.lo) == 0; }
+
+/* a << s for 0 <= s < 128. */
+DY_FUNC dy_u128 dy_shl128(dy_u128 a, int s) {
+    if (s <= 0) return a;
+    if (s >= 128) return dy_make128(0, 0);
+    if (s >= 64) return dy_make128(a.lo << (s - 64), 0);
+    return dy_make128((a.hi << s) | (a.lo >> (64 - s)), a.lo << s);
+}
+
+/* a >> s for 0 <= s < 128. */
+DY_FUNC dy_u128 dy_shr128(dy_u128 a, int s) {
+    if (s <= 0) return a;
+    if (s >= 128) return dy_make128(0, 0);
+    if (s >= 64) return dy_make128(0, a.hi >> (s - 64));
+    return dy_make128(a.hi >> s, (a.lo >> s) | (a.hi << (64 - s)));
+}
+
+DY_FUNC dy_u128 dy_and128(dy_u128 a, dy_u128 b) { return dy_make128(a.hi & b.hi, a.lo & b.lo); }
+
+DY_FUNC int dy_bitlen64(uint64_t x) {
+#if defined(DY_CUDA)
+    return 64 - __clzll((long long)x);
+#else
+    return x ? 64 - __builtin_clzll(x) : 0;
+#endif
+}
+
+/* Python's int.bit_length(). */
+DY_FUNC int dy_bitlen128(dy_u128 a) { return a.hi ? 64 + dy_bitlen64(a.hi) : dy_bitlen64(a.lo); }
+
+/* (1 << bits) - 1 for 0 <= bits <= 128. */
+DY_FUNC dy_u128 dy_mask128(int bits) {
+    if (bits >= 128) return dy_make128(~0ull, ~0ull);
+    if (bits >= 64) return dy_make128(bits == 64 ? 0 : (~0ull >> (128 - bits)), ~0ull);
+    return dy_make128(0, bits ? (~0ull >> (64 - bits)) : 0);
+}
+
+/* floor(m * 2**s) for m >= 0, any s (fixedpoint.shift_floor) with a 64-bit result. */
+DY_FUNC uint64_t dy_shift_floor64(uint64_t m, int s) {
+    if (s >= 0) return s >= 64 ? 0 : m << s;
+    return s <= -64 ? 0 : m >> (-s);
+}
+
+/* Exact division by a fixed divisor d >= 1 using the reciprocal
+ * floor((2**64 - 1) / d): the estimate is at most 2 below the quotient and
+ * is corrected exactly, so the result equals n / d and n % d. */
+DY_FUNC uint64_t dy_recip64(uint64_t d) { return (~0ull) / d; }
+
+DY_FUNC uint64_t dy_divmod_recip(uint64_t n, uint64_t d, uint64_t recip, uint64_t *rem) {
+    uint64_t q = dy_mulhi64(n, recip);
+    uint64_t r = n - q * d;
+    while (r >= d) {
+        q += 1;
+        r -= d;
+    }
+    *rem = r;
+    return q;
+}
+
+/* ================================ Philox ================================ */
+
+DY_FUNC void dy_philox4x32(const uint32_t ctr[4], const uint32_t key[2], int rounds,
+                           uint32_t out[4]) {
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    int r;
+    for (r = 0; r < rounds; r++) {
+        uint64_t p0, p1;
+        uint32_t n0, n1, n2, n3;
+        if (r) {
+            k0 += DY_PHILOX_W0;
+            k1 += DY_PHILOX_W1;
+        }
+        p0 = (uint64_t)DY_PHILOX_M0 * c0;
+        p1 = (uint64_t)DY_PHILOX_M1 * c2;
+        n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        n1 = (uint32_t)p1;
+        n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        n3 = (uint32_t)p0;
+        c0 = n0;
+        c1 = n1;
+        c2 = n2;
+        c3 = n3;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* The 4 words of one draw: key = (seed lo32, seed hi32), counter =
+ * ((domain << 28) | draw_index, position, round, generation). */
+DY_FUNC void dy_philox_block(uint64_t seed, uint32_t generation, uint32_t round,
+                             uint32_t position, uint32_t domain, uint32_t draw_index,
+                             uint32_t out[4]) {
+    uint32_t ctr[4], key[2];
+    ctr[0] = (domain << DY_DOMAIN_SHIFT) | draw_index;
+    ctr[1] = position;
+    ctr[2] = round;
+    ctr[3] = generation;
+    key[0] = (uint32_t)seed;
+    key[1] = (uint32_t)(seed >> 32);
+    dy_philox4x32(ctr, key, 10, out);
+}
+
+/* The 24-bit proposal draw: word 0 of draw index 0 (domain PROPOSAL) >> 8. */
+DY_FUNC uint32_t dy_proposal_ticket(uint64_t seed, uint32_t generation, uint32_t round,
+                                    uint32_t position) {
+    uint32_t w[4];
+    dy_philox_block(seed, generation, round, position, DY_DOMAIN_PROPOSAL, 0, w);
+    return w[0] >> 8;
+}
+
+/* Uniform integer in [0, n), 1 <= n < 2**128, by masked rejection over the
+ * 128-bit block X = w0 | w1 << 32 | w2 << 64 | w3 << 96 at draw indices
+ * *draw_index, *draw_index + 1, ... (philox.uniform_below).  Advances
+ * *draw_index past the accepted block.  Returns DY_ST_OK or
+ * DY_ST_RNG_EXHAUSTED. */
+DY_FUNC int dy_uniform_below_u128(dy_u128 n, uint64_t seed, uint32_t generation, uint32_t round,
+                                  uint32_t position, uint32_t domain, uint32_t *draw_index,
+                                  dy_u128 *out) {
+    dy_u128 mask = dy_mask128(dy_bitlen128(dy_sub128(n, dy_from64(1))));
+    uint32_t index = *draw_index;
+    while (index <= DY_MAX_DRAW_INDEX) {
+        uint32_t w[4];
+        dy_u128 x;
+        dy_philox_block(seed, generation, round, position, domain, index, w);
+        x = dy_make128((uint64_t)w[2] | ((uint64_t)w[3] << 32),
+                       (uint64_t)w[0] | ((uint64_t)w[1] << 32));
+        x = dy_and128(x, mask);
+        index += 1;
+        if (dy_lt128(x, n)) {
+            *draw_index = index;
+            *out = x;
+            return DY_ST_OK;
+        }
+    }
+    *draw_index = index;
+    return DY_ST_RNG_EXHAUSTED;
+}
+
+/* The same for 1 <= n < 2**64 (only the low 64 bits of X are ever kept). */
+DY_FUNC int dy_uniform_below_u64(uint64_t n, uint64_t seed, uint32_t generation, uint32_t round,
+                                 uint32_t position, uint32_t domain, uint32_t *draw_index,
+                                 uint64_t *out) {
+    int bits = dy_bitlen64(n - 1);
+    uint64_t mask = bits >= 64 ? ~0ull : ((1ull << bits) - 1);
+    uint32_t index = *draw_index;
+    while (index <= DY_MAX_DRAW_INDEX) {
+        uint32_t w[4];
+        uint64_t x;
+        dy_philox_block(seed, generation, round, position, domain, index, w);
+        x = ((uint64_t)w[0] | ((uint64_t)w[1] << 32)) & mask;
+        index += 1;
+        if (x < n) {
+            *draw_index = index;
+            *out = x;
+            return DY_ST_OK;
+        }
+    }
+    *draw_index = index;
+    return DY_ST_RNG_EXHAUSTED;
+}
+
+/* ====================== fixed point (fixedpoint.py) ====================== */
+
+DY_FUNC uint64_t dy_mul_q62(uint64_t a, uint64_t b) {
+    dy_u128 p = dy_mul64(a, b);
+    return (p.hi << 2) | (p.lo >> 62);
+}
+
+/* floor-chained 2**(-f / 2**32) * 2**62 (four table steps). */
+DY_FUNC uint64_t dy_exp2_neg_q62(uint32_t f) {
+    uint64_t e = dy_exp2_neg_q62_table[0][(f >> 24) & 0xFFu];
+    e = dy_mul_q62(e, dy_exp2_neg_q62_table[1][(f >> 16) & 0xFFu]);
+    e = dy_mul_q62(e, dy_exp2_neg_q62_table[2][(f >> 8) & 0xFFu]);
+    e = dy_mul_q62(e, dy_exp2_neg_q62_table[3][f & 0xFFu]);
+    return e;
+}
+
+/* Integer weight ~ 2**39 * exp(-t) of a gap t = zmax - z >= 0 (0 for t >= 32, +inf). */
+DY_FUNC uint64_t dy_weight_from_gap(double t) {
+    uint64_t t32, y, n;
+    dy_u128 p;
+    if (!(t < DY_EXP_CUTOFF)) return 0;
+    t32 = (uint64_t)(t * 4294967296.0);
+    p = dy_mul64(t32, DY_LOG2E_Q63);
+    y = (p.hi << 1) | (p.lo >> 63);
+    n = y >> 32;
+    if (23 + n >= 63) return 0;
+    return dy_exp2_neg_q62((uint32_t)(y & 0xFFFFFFFFu)) >> (23 + n);
+}
+
+/* The exponent e of |x| = mant * 2**e (fixedpoint.f32_mant_exp). */
+DY_FUNC int dy_f32_exp(uint32_t bits) {
+    uint32_t e = (bits >> 23) & 0xFFu;
+    return e ? (int)e - 150 : -149;
+}
+
+DY_FUNC uint32_t dy_f32_mant(uint32_t bits) {
+    uint32_t e = (bits >> 23) & 0xFFu;
+    uint32_t m = bits & 0x7FFFFFu;
+    return e ? (m | 0x800000u) : m;
+}
+
+/* Weight of a validated non-negative float32 weight: floor(mant * 2**(exp - emax + 15)). */
+DY_FUNC uint64_t dy_prob_weight(uint32_t bits, int emax) {
+    uint32_t mag = bits & 0x7FFFFFFFu;
+    uint32_t m = dy_f32_mant(mag);
+    if (!m) return 0;
+    return dy_shift_floor64(m, dy_f32_exp(mag) - emax + 15);
+}
+
+/* A target probability is valid when finite, >= 0 (-0.0 allowed) and <= 1. */
+DY_FUNC int dy_target_bits_valid(uint32_t bits) { return bits <= 0x3F800000u || bits == 0x80000000u; }
+
+/* P = floor(p * 2**62) of a valid target probability. */
+DY_FUNC uint64_t dy_target_fixed(uint32_t bits) {
+    uint32_t mag = bits & 0x7FFFFFFFu;
+    return dy_shift_floor64(dy_f32_mant(mag), dy_f32_exp(mag) + DY_TARGET_BITS);
+}
+
+/* z = (x + b) / temperature in binary64 (no bias: x / temperature).  The
+ * division by exactly 1.0 is skipped: it is the identity in IEEE-754. */
+DY_FUNC double dy_effective_logit(float x, const float *bias, uint32_t v, double temperature) {
+    double z = (double)x;
+    if (bias) z = z + (double)bias[v];
+    return temperature == 1.0 ? z : z / temperature;
+}
+
+/* +infinity without libm. */
+DY_FUNC double dy_inf(void) {
+#if defined(DY_CUDA)
+    return __longlong_as_double(0x7FF0000000000000LL);
+#else
+    union {
+        uint64_t u;
+        double d;
+    } c;
+    c.u = 0x7FF0000000000000ull;
+    return c.d;
+#endif
+}
+
+/* Monotone map of a non-NaN double to uint64 with -0.0 == +0.0. */
+DY_FUNC uint64_t dy_order_key(double z) {
+    union {
+        double d;
+        uint64_t u;
+    } c;
+    if (z == 0.0) z = 0.0;
+#if defined(DY_CUDA)
+    c.u = (uint64_t)__double_as_longlong(z);
+#else
+    c.d = z;
+#endif
+    return (c.u >> 63) ? ~c.u : (c.u | 0x8000000000000000ull);
+}
+
+/* ====================== acceptance (sampling.py) ====================== */
+
+/* (always, a, b): accept d with probability min(1, P_d 2**24 / (T c_d)). */
+DY_FUNC void dy_accept_split(uint64_t p_fixed, uint64_t total, uint32_t count, int *always,
+                             uint64_t *a, uint32_t *b) {
+    dy_u128 n = dy_make128(p_fixed >> (64 - DY_TOTAL_BITS), p_fixed << DY_TOTAL_BITS);
+    uint64_t q1, r1, low;
+    if (!dy_lt128(n, dy_mul64(total, count))) {
+        *always = 1;
+        *a = 0;
+        *b = 0;
+        return;
+    }
+    *always = 0;
+    /* n / count = (P / c) * 2**24 + ((P % c) * 2**24) / c, with (P % c) * 2**24 < 2**48 */
+    q1 = p_fixed / count;
+    r1 = p_fixed % count;
+    low = r1 << DY_TOTAL_BITS;
+    *a = (q1 << DY_TOTAL_BITS) + low / count;
+    *b = (uint32_t)(low % count);
+}
+
+/* The acceptance decision of one draft token (domain ACCEPTANCE). */
+DY_FUNC int dy_accept(uint64_t p_fixed, uint64_t total, uint32_t count, uint64_t seed,
+                      uint32_t generation, uint32_t round, uint32_t position, int *accepted) {
+    int always, st;
+    uint64_t a, v1, v2;
+    uint32_t b, idx = 0;
+    dy_accept_split(p_fixed, total, count, &always, &a, &b);
+    if (always) {
+        *accepted = 1;
+        return DY_ST_OK;
+    }
+    st = dy_uniform_below_u64(total, seed, generation, round, position, DY_DOMAIN_ACCEPTANCE,
+                              &idx, &v1);
+    if (st) return st;
+    if (v1 != a) {
+        *accepted = v1 < a;
+        return DY_ST_OK;
+    }
+    st = dy_uniform_below_u64(count, seed, generation, round, position, DY_DOMAIN_ACCEPTANCE,
+                              &idx, &v2);
+    if (st) return st;
+    *accepted = v2 < b;
+    return DY_ST_OK;
+}
+
+/* R_v = max(P_v * 2**24 - c_v * T, 0). */
+DY_FUNC dy_u128 dy_residual(uint64_t p_fixed, uint32_t count, uint64_t total) {
+    dy_u128 n = dy_make128(p_fixed >> (64 - DY_TOTAL_BITS), p_fixed << DY_TOTAL_BITS);
+    dy_u128 m = dy_mul64(total, count);
+    if (dy_le128(n, m)) return dy_make128(0, 0);
+    return dy_sub128(n, m);
+}
+
+/* ====================== allocation (allocation.py) ====================== */
+
+/* Selection of the k largest keys (ties: lowest position) by an MSD radix
+ * select on 8-bit digits, linear time.  Requires 1 <= k <= n and every key
+ * < 2**nbits.  Returns the threshold tau (the k-th largest key) and the
+ * number `need` of keys equal to tau that are selected; idx[0..need) holds
+ * their positions, ascending.  Keys > tau are all selected.  idx: n words. */
+DY_FUNC uint32_t dy_select_top(const uint64_t *key, uint32_t n, uint32_t k, int nbits,
+                               uint32_t *idx, uint64_t *tau) {
+    uint32_t hist[256];
+    int sh = nbits > 8 ? ((nbits + 7) / 8) * 8 - 8 : 0;
+    uint64_t prefix = 0;
+    uint32_t m = n, need = k, i, acc;
+    int have_idx = 0, b;
+    for (;;) {
+        for (b = 0; b < 256; b++) hist[b] = 0;
+        if (!have_idx) {
+            for (i = 0; i < n; i++) hist[(key[i] >> sh) & 0xFFu]++;
+        } else {
+            for (i = 0; i < m; i++) hist[(key[idx[i]] >> sh) & 0xFFu]++;
+        }
+        acc = 0;
+        for (b = 255; b > 0; b--) {
+            if (acc + hist[b] >= need) break;
+            acc += hist[b];
+        }
+        need -= acc;
+        prefix |= (uint64_t)b << sh;
+        {
+            uint32_t m2 = 0;
+            if (!have_idx) {
+                for (i = 0; i < n; i++)
+                    if (((key[i] >> sh) & 0xFFu) == (uint32_t)b) idx[m2++] = i;
+            } else {
+                for (i = 0; i < m; i++)
+                    if (((key[idx[i]] >> sh) & 0xFFu) == (uint32_t)b) idx[m2++] = idx[i];
+            }
+            m = m2;
+            have_idx = 1;
+        }
+        if (sh == 0) break;
+        sh -= 8;
+    }
+    *tau = prefix;
+    return need;
+}
+
+/* Floor + largest remainders (standard) or floor-first over n weights.
+ * w: in weights, out remainders; counts: out, n words; argpos: position of
+ * the argmax (floor-first); idx: n words of workspace.  Returns a status. */
+DY_FUNC int dy_alloc_weights(uint64_t *w, uint32_t n, int policy, uint32_t argpos,
+                             uint32_t *counts, uint32_t *idx) {
+    uint64_t s = 0, sumbase = 0, recip, remaining;
+    uint32_t i;
+    for (i = 0; i < n; i++) s += w[i];
+    if (s == 0) return DY_ST_X_ZERO_MASS;
+    recip = dy_recip64(s);
+    for (i = 0; i < n; i++) {
+        uint64_t r, q = 0;
+        if (w[i]) q = dy_divmod_recip(w[i] << DY_TOTAL_BITS, s, recip, &r);
+        else r = 0;
+        counts[i] = (uint32_t)q;
+        w[i] = r;
+        sumbase += q;
+    }
+    if (sumbase > DY_TOTAL || sumbase == 0) return DY_ST_ALLOC_INCONSISTENT;
+    remaining = DY_TOTAL - sumbase;
+    if (remaining == 0) return DY_ST_OK;
+    if (policy == DY_POLICY_STANDARD) {
+        uint64_t tau;
+        uint32_t need, j;
+        if (remaining > n) return DY_ST_ALLOC_INCONSISTENT;
+        need = dy_select_top(w, n, (uint32_t)remaining, dy_bitlen64(s - 1), idx, &tau);
+        for (i = 0; i < n; i++) counts[i] += (w[i] > tau);
+        for (j = 0; j < need; j++) counts[idx[j]] += 1;
+    } else {
+        counts[argpos] += (uint32_t)remaining;
+    }
+    return DY_ST_OK;
+}
+
+/* Workspace of dy_allocate_row / dy_propose_row, in uint64_t words. */
+DY_FUNC uint64_t dy_alloc_ws_words(uint32_t vocab, uint32_t top_k) {
+    if (top_k == 0) return (uint64_t)vocab + (vocab + 1u) / 2u;
+    return 2ull * top_k + 2ull * ((top_k + 1u) / 2u);
+}
+
+/* Heap of the k best (key desc, id asc); the root is the worst. */
+DY_FUNC int dy_heap_worse(const uint64_t *hk, const uint32_t *hi, uint32_t a, uint32_t b) {
+    return hk[a] < hk[b] || (hk[a] == hk[b] && hi[a] > hi[b]);
+}
+
+DY_FUNC void dy_heap_swap(uint64_t *hk, uint32_t *hi, uint32_t a, uint32_t b) {
+    uint64_t tk = hk[a];
+    uint32_t ti = hi[a];
+    hk[a] = hk[b];
+    hi[a] = hi[b];
+    hk[b] = tk;
+    hi[b] = ti;
+}
+
+DY_FUNC void dy_heap_down(uint64_t *hk, uint32_t *hi, uint32_t n, uint32_t i) {
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && dy_heap_worse(hk, hi, l, w)) w = l;
+        if (r < n && dy_heap_worse(hk, hi, r, w)) w = r;
+        if (w == i) return;
+        dy_heap_swap(hk, hi, i, w);
+        i = w;
+    }
+}
+
+DY_FUNC void dy_heap_offer(uint64_t *hk, uint32_t *hi, uint32_t *size, uint32_t k, uint64_t key,
+                           uint32_t id) {
+    uint32_t i;
+    if (*size < k) {
+        i = (*size)++;
+        hk[i] = key;
+        hi[i] = id;
+        while (i && dy_heap_worse(hk, hi, i, (i - 1) / 2)) {
+            dy_heap_swap(hk, hi, i, (i - 1) / 2);
+            i = (i - 1) / 2;
+        }
+    } else if (key > hk[0]) { /* a later id wins only with a strictly larger key */
+        hk[0] = key;
+        hi[0] = id;
+        dy_heap_down(hk, hi, k, 0);
+    }
+}
+
+/* Heapsort of ids ascending. */
+DY_FUNC void dy_sort_u32(uint32_t *a, uint32_t n) {
+    uint32_t start, end;
+    if (n < 2) return;
+    for (start = n / 2; start-- > 0;) {
+        uint32_t root = start;
+        for (;;) {
+            uint32_t c = 2 * root + 1, t;
+            if (c >= n) break;
+            if (c + 1 < n && a[c + 1] > a[c]) c++;
+            if (a[root] >= a[c]) break;
+            t = a[root]; a[root] = a[c]; a[c] = t;
+            root = c;
+        }
+    }
+    for (end = n - 1; end > 0; end--) {
+        uint32_t t = a[0], root = 0;
+        a[0] = a[end];
+        a[end] = t;
+        for (;;) {
+            uint32_t c = 2 * root + 1;
+            if (c >= end) break;
+            if (c + 1 < end && a[c + 1] > a[c]) c++;
+            if (a[root] >= a[c]) break;
+            t = a[root]; a[root] = a[c]; a[c] = t;
+            root = c;
+        }
+    }
+}
+
+/* Validation of one float32 weight: 0 if fine, else its status. */
+DY_FUNC int dy_weight_bits_status(uint32_t b) {
+    uint32_t mag = b & 0x7FFFFFFFu;
+    if (b - 1u < 0x7F7FFFFFu || mag == 0) return DY_ST_OK; /* +0, -0, positive finite */
+    if (mag > 0x7F800000u) return DY_ST_X_NAN;
+    if (b == 0x7F800000u) return DY_ST_X_POSINF;
+    return DY_ST_X_NEGATIVE;
+}
+
+DY_FUNC int dy_logit_status(double z) {
+    return z != z ? DY_ST_X_NAN : DY_ST_X_POSINF;
+}
+
+/* One row of allocate (allocation.allocate_row).
+ * x: float32 [V] (weights when !logits, logits otherwise); bias: float32 [V]
+ * or NULL (logits only); temperature > 0 (logits only); policy
+ * DY_POLICY_*; top_k: 0 for dense, else the sparse width W = min(top_k, V).
+ * Dense: counts [V].  Sparse: counts [W], ids [W] (ascending ids, zero
+ * counts dropped, padded with DY_PAD_ID / 0).  ws: dy_alloc_ws_words words.
+ * *argmax_out (may be NULL) receives the argmax.  Returns a status. */
+DY_FUNC int dy_allocate_row(const float *x, const float *bias, double temperature, int logits,
+                            int policy, uint32_t vocab, uint32_t top_k, uint32_t *counts,
+                            int32_t *ids, uint64_t *ws, int32_t *argmax_out) {
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t v, arg = 0;
+    int st;
+    if (top_k == 0) {
+        uint64_t *w = ws;
+        uint32_t *idx = (uint32_t *)(ws + vocab);
+        if (logits) {
+            const double inf = dy_inf();
+            double zmax = -inf;
+            double *z = (double *)ws;
+            for (v = 0; v < vocab; v++) {
+                double zv = dy_effective_logit(x[v], bias, v, temperature);
+                if (!(zv < inf)) return dy_logit_status(zv);
+                z[v] = zv;
+                if (zv > zmax) {
+                    zmax = zv;
+                    arg = v;
+                }
+            }
+            if (!(zmax > -inf)) return DY_ST_X_ZERO_MASS;
+            for (v = 0; v < vocab; v++) w[v] = dy_weight_from_gap(zmax - z[v]);
+        } else {
+            uint32_t best = 0;
+            int emax;
+            for (v = 0; v < vocab; v++) {
+                uint32_t b = bits[v], mag = b & 0x7FFFFFFFu;
+                if (!(b - 1u < 0x7F7FFFFFu) && mag) return dy_weight_bits_status(b);
+                if (mag > best) {
+                    best = mag;
+                    arg = v;
+                }
+            }
+            if (best == 0) return DY_ST_X_ZERO_MASS;
+            emax = dy_f32_exp(best);
+            for (v = 0; v < vocab; v++) w[v] = dy_prob_weight(bits[v], emax);
+        }
+        if (argmax_out) *argmax_out = (int32_t)arg;
+        return dy_alloc_weights(w, vocab, policy, arg, counts, idx);
+    } else {
+        uint32_t k = top_k, size = 0, j, argpos = 0, o;
+        uint64_t *hk = ws;
+        uint64_t *w = ws + k;
+        uint32_t *hid = (uint32_t *)(ws + 2 * k);
+        uint32_t *idx = (uint32_t *)(ws + 2 * k + (k + 1u) / 2u);
+        double zmax = 0.0;
+        int emax = 0;
+        if (logits) {
+            const double inf = dy_inf();
+            zmax = -inf;
+            for (v = 0; v < vocab; v++) {
+                double zv = dy_effective_logit(x[v], bias, v, temperature);
+                uint64_t key;
+                if (!(zv < inf)) return dy_logit_status(zv);
+                if (zv > zmax) {
+                    zmax = zv;
+                    arg = v;
+                }
+                key = dy_order_key(zv);
+                if (size < k || key > hk[0]) dy_heap_offer(hk, hid, &size, k, key, v);
+            }
+            if (!(zmax > -inf)) return DY_ST_X_ZERO_MASS;
+        } else {
+            uint32_t best = 0;
+            for (v = 0; v < vocab; v++) {
+                uint32_t b = bits[v], mag = b & 0x7FFFFFFFu;
+                if (!(b - 1u < 0x7F7FFFFFu) && mag) return dy_weight_bits_status(b);
+                if (mag > best) {
+                    best = mag;
+                    arg = v;
+                }
+                if (size < k || mag > hk[0]) dy_heap_offer(hk, hid, &size, k, mag, v);
+            }
+            if (best == 0) return DY_ST_X_ZERO_MASS;
+            emax = dy_f32_exp(best);
+        }
+        if (argmax_out) *argmax_out = (int32_t)arg;
+        dy_sort_u32(hid, k);
+        for (j = 0; j < k; j++) {
+            uint32_t id = hid[j];
+            if (id == arg) argpos = j;
+            if (logits) w[j] = dy_weight_from_gap(zmax - dy_effective_logit(x[id], bias, id, temperature));
+            else w[j] = dy_prob_weight(bits[id], emax);
+        }
+        st = dy_alloc_weights(w, k, policy, argpos, counts, idx);
+        if (st) return st;
+        o = 0;
+        for (j = 0; j < k; j++) {
+            uint32_t c = counts[j];
+            if (c) {
+                counts[o] = c;
+                ids[o] = (int32_t)hid[j];
+                o++;
+            }
+        }
+        for (; o < k; o++) {
+            counts[o] = 0;
+            ids[o] = DY_PAD_ID;
+        }
+        return DY_ST_OK;
+    }
+}
+
+/* Temperature-0 proposal: argmax of x + bias in binary64 (ties: lowest id),
+ * with the validation of logits_row_weights(row, bias, 1.0). */
+DY_FUNC int dy_argmax_row(const float *x, const float *bias, uint32_t vocab, int32_t *argmax) {
+    uint32_t v, arg = 0;
+    const double inf = dy_inf();
+    double zmax = -inf;
+    for (v = 0; v < vocab; v++) {
+        double zv = dy_effective_logit(x[v], bias, v, 1.0);
+        if (!(zv < inf)) return dy_logit_status(zv);
+        if (zv > zmax) {
+            zmax = zv;
+            arg = v;
+        }
+    }
+    if (!(zmax > -inf)) return DY_ST_X_ZERO_MASS;
+    *argmax = (int32_t)arg;
+    return DY_ST_OK;
+}
+
+/* Token drawn from a dense count row for a ticket r (first cumulative count > r); -1 if none. */
+DY_FUNC int32_t dy_draw_dense(const uint32_t *counts, uint32_t width, uint32_t r) {
+    uint64_t acc = 0;
+    uint32_t v;
+    for (v = 0; v < width; v++) {
+        acc += counts[v];
+        if (acc > r) return (int32_t)v;
+    }
+    return -1;
+}
+
+DY_FUNC int32_t dy_draw_sparse(const uint32_t *counts, const int32_t *ids, uint32_t width,
+                               uint32_t r) {
+    uint64_t acc = 0;
+    uint32_t j;
+    for (j = 0; j < width; j++) {
+        acc += counts[j];
+        if (acc > r) return ids[j];
+    }
+    return -1;
+}
+
+/* One row of propose: temperature 0 -> argmax point mass (no draw), else
+ * allocate on logits and draw with the proposal ticket.  ids NULL when dense. */
+DY_FUNC int dy_propose_row(const float *x, const float *bias, double temperature, int policy,
+                           uint32_t vocab, uint32_t top_k, uint64_t seed, uint32_t generation,
+                           uint32_t round, uint32_t position, int32_t *token, uint32_t *counts,
+                           int32_t *ids, uint64_t *ws) {
+    int st;
+    uint32_t r;
+    *token = -1;
+    if (temperature == 0.0) {
+        int32_t arg = -1;
+        uint32_t j;
+        st = dy_argmax_row(x, bias, vocab, &arg);
+        if (st) return st;
+        *token = arg;
+        if (top_k == 0) {
+            for (j = 0; j < vocab; j++) counts[j] = 0;
+            counts[arg] = DY_TOTAL;
+        } else {
+            for (j = 0; j < top_k; j++) {
+                counts[j] = 0;
+                ids[j] = DY_PAD_ID;
+            }
+            counts[0] = DY_TOTAL;
+            ids[0] = arg;
+        }
+        return DY_ST_OK;
+    }
+    st = dy_allocate_row(x, bias, temperature, 1, policy, vocab, top_k, counts, ids, ws, DY_NULL);
+    if (st) return st;
+    r = dy_proposal_ticket(seed, generation, round, position);
+    *token = top_k == 0 ? dy_draw_dense(counts, vocab, r) : dy_draw_sparse(counts, ids, top_k, r);
+    return DY_ST_OK;
+}
+
+/* ====================== verification (sampling.verify_row) ====================== */
+
+/* Validate a target row and return T = sum P (status DY_ST_OK, TARGET_*). */
+DY_FUNC int dy_target_row_total(const uint32_t *bits, uint32_t vocab, uint64_t *total) {
+    uint64_t lo = 0, carry = 0;
+    const uint64_t one = 1ull << DY_TARGET_BITS, tol = one >> DY_TARGET_TOL_BITS;
+    uint32_t v;
+    for (v = 0; v < vocab; v++) {
+        uint32_t b = bits[v];
+        uint64_t p;
+        if (b > 0x3F800000u && b != 0x80000000u) return DY_ST_TARGET_INVALID_VALUE;
+        p = dy_target_fixed(b);
+        lo += p;
+        carry += lo < p;
+    }
+    if (carry || (lo > one ? lo - one : one - lo) > tol) return DY_ST_TARGET_SUM;
+    *total = lo;
+    return DY_ST_OK;
+}
+
+/* First argmax of a validated float32 row (ties: lowest id; -0.0 == 0). */
+DY_FUNC int32_t dy_first_argmax_bits(const uint32_t *bits, uint32_t vocab) {
+    uint32_t v, best = 0, arg = 0;
+    for (v = 0; v < vocab; v++) {
+        uint32_t mag = bits[v] & 0x7FFFFFFFu;
+        if (mag > best) {
+            best = mag;
+            arg = v;
+        }
+    }
+    return (int32_t)arg;
+}
+
+/* q count at token d of draft step i: dense row, sparse row (last match), or point mass. */
+DY_FUNC uint32_t dy_q_count(const uint32_t *qc, const int32_t *qi, uint32_t width, int32_t d,
+                            int32_t draft) {
+    uint32_t j, c = 0;
+    if (!qc) return d == draft ? DY_TOTAL : 0u;
+    if (!qi) return qc[d];
+    for (j = 0; j < width; j++)
+        if (qi[j] == d) c = qc[j];
+    return c;
+}
+
+/* Workspace of dy_verify_row, in uint64_t words: (k + 1) totals + V uint32 (a
+ * dense scatter of sparse q; must be all zero on entry, left all zero). */
+DY_FUNC uint64_t dy_verify_ws_words(uint32_t vocab, uint32_t k) {
+    return (uint64_t)k + 1u + (vocab + 1u) / 2u;
+}
+
+/* One request of verify.  target: float32 bits [(k+1), V]; draft [k];
+ * q_counts [k, W] or NULL (point mass); q_ids [k, W] or NULL (dense, W = V);
+ * tokens [k+1].  Returns a status; on error *accepted = 0 and tokens = -1. */
+DY_FUNC int dy_verify_row(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
+                          const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
+                          int greedy, uint64_t seed, uint32_t generation, uint32_t round,
+                          uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens) {
+    uint64_t *totals = ws;
+    uint32_t *qdense = (uint32_t *)(ws + k + 1);
+    uint32_t i, v;
+    int st = DY_ST_OK;
+    *accepted = 0;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    for (i = 0; i <= k; i++) {
+        st = dy_target_row_total(target + (uint64_t)i * vocab, vocab, &totals[i]);
+        if (st) return st;
+    }
+    if (!greedy) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
+        }
+    }
+    for (i = 0; i < k; i++) {
+        const uint32_t *row = target + (uint64_t)i * vocab;
+        const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+        const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+        int32_t d = draft[i];
+        int ok;
+        uint32_t pos = position + i;
+        if (greedy) {
+            int32_t best = dy_first_argmax_bits(row, vocab);
+            if (d == best) {
+                tokens[i] = d;
+                continue;
+            }
+            tokens[i] = best;
+            *accepted = (int32_t)i;
+            return DY_ST_OK;
+        }
+        st = dy_accept(dy_target_fixed(row[d]), totals[i], dy_q_count(qc, qi, width, d, d), seed,
+                       generation, round, pos, &ok);
+        if (st) break;
+        if (ok) {
+            tokens[i] = d;
+            continue;
+        }
+        {
+            /* residual draw over the full vocabulary (domain CORRECTION) */
+            dy_u128 sum = dy_make128(0, 0), x, acc = dy_make128(0, 0);
+            uint32_t idx = 0, j;
+            int32_t tok = -1;
+            if (qc && qi)
+                for (j = 0; j < width; j++)
+                    if (qi[j] >= 0) qdense[qi[j]] = qc[j];
+#define DY_QV(vv) (qc ? (qi ? qdense[vv] : qc[vv]) : ((int32_t)(vv) == d ? DY_TOTAL : 0u))
+            for (v = 0; v < vocab; v++)
+                sum = dy_add128(sum, dy_residual(dy_target_fixed(row[v]), DY_QV(v), totals[i]));
+            if (dy_is_zero128(sum)) {
+                st = DY_ST_ALLOC_INCONSISTENT; /* unreachable for a valid q */
+            } else {
+                st = dy_uniform_below_u128(sum, seed, generation, round, pos,
+                                           DY_DOMAIN_CORRECTION, &idx, &x);
+            }
+            if (!st) {
+                for (v = 0; v < vocab; v++) {
+                    acc = dy_add128(acc, dy_residual(dy_target_fixed(row[v]), DY_QV(v), totals[i]));
+                    if (dy_lt128(x, acc)) {
+                        tok = (int32_t)v;
+                        break;
+                    }
+                }
+            }
+#undef DY_QV
+            if (qc && qi)
+                for (j = 0; j < width; j++)
+                    if (qi[j] >= 0) qdense[qi[j]] = 0;
+            if (st) break;
+            tokens[i] = tok;
+            *accepted = (int32_t)i;
+            return DY_ST_OK;
+        }
+    }
+    if (!st) {
+        const uint32_t *row = target + (uint64_t)k * vocab;
+        if (greedy) {
+            tokens[k] = dy_first_argmax_bits(row, vocab);
+        } else {
+            uint64_t x, acc = 0;
+            uint32_t idx = 0;
+            st = dy_uniform_below_u64(totals[k], seed, generation, round, position + k,
+                                      DY_DOMAIN_CORRECTION, &idx, &x);
+            if (!st) {
+                for (v = 0; v < vocab; v++) {
+                    acc += dy_target_fixed(row[v]);
+                    if (acc > x) {
+                        tokens[k] = (int32_t)v;
+                        break;
+                    }
+                }
+            }
+        }
+        if (!st) {
+            *accepted = (int32_t)k;
+            return DY_ST_OK;
+        }
+    }
+    *accepted = 0;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    return st;
+}
+
+#endif /* DYADIC_CORE_H */
