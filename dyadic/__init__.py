@@ -8,11 +8,11 @@ the same bits.  See docs/semantics.md for the contract.
 """
 
 from ._spec import TOTAL
-from ._types import Dyadic, Keys, Verdict
+from ._types import Dyadic, Keys, Verdict, stack
 from ._api import allocate, available_backends, draw, philox4x32, propose, verify
 from . import reference
 
 __version__ = "0.1.0"
 
 __all__ = ["TOTAL", "Dyadic", "Keys", "Verdict", "allocate", "available_backends", "draw",
-           "philox4x32", "propose", "verify", "reference", "__version__"]
+           "philox4x32", "propose", "verify", "reference", "stack", "__version__"]

@@ -204,6 +204,36 @@ class Dyadic:
         return Dyadic(c, i, vocab_size=self.vocab_size, policy=self._policy, _trusted=True)
 
 
+def stack(qs, axis=0):
+    """Stack Dyadic batches along a new batch axis (e.g. the k positions of a chain).
+
+    All inputs must share vocab_size, policy, sparseness, width and array kind.
+    ``axis`` counts batch axes only (the vocabulary axis stays last).
+    """
+    qs = list(qs)
+    if not qs or not all(isinstance(q, Dyadic) for q in qs):
+        raise TypeError("qs: expected a non-empty sequence of dyadic.Dyadic")
+    first = qs[0]
+    for i, q in enumerate(qs):
+        same = (q.vocab_size, q.policy, q.is_sparse, q.width, q.batch_shape,
+                _arrays.kind_of(q.counts))
+        want = (first.vocab_size, first.policy, first.is_sparse, first.width, first.batch_shape,
+                _arrays.kind_of(first.counts))
+        if same != want:
+            raise ValueError(f"qs: entry {i} differs from entry 0 in vocab_size, policy, "
+                             f"sparseness, width, batch shape or array kind")
+    nd = len(first.batch_shape) + 1
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis: {axis} out of range for {nd} batch axes")
+    axis %= nd
+    kind = _arrays.kind_of(first.counts)
+    parts = [q._numpy() for q in qs]
+    counts = np.stack([c for c, _ in parts], axis=axis)
+    ids = None if not first.is_sparse else np.stack([i for _, i in parts], axis=axis)
+    return Dyadic(_arrays.output(counts, kind), None if ids is None else _arrays.output(ids, kind),
+                  vocab_size=first.vocab_size, policy=first.policy, _trusted=True)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Result of ``verify``.

@@ -38,8 +38,7 @@ def main():
         tokens.append(t)
         qs.append(q)
     draft = np.stack(tokens, axis=1)
-    q = dyadic.Dyadic(np.stack([x.counts for x in qs], axis=1),
-                      np.stack([x.ids for x in qs], axis=1), vocab_size=vocab)
+    q = dyadic.stack(qs, axis=1)  # [batch, depth] rows of q
     print("draft tokens:\n", draft)
 
     # 3. verify against the target's probabilities (depth + 1 rows per request)

@@ -117,3 +117,15 @@ def test_logit_path_uses_binary64_effective_logits():
     _, w, _, arg = fixedpoint.logits_row_weights([1.0, 2.0, 0.0], [0.5, -np.inf, 1.0], 0.5)
     assert arg == 0 and w[1] == 0
     assert q.counts[0, 1] == 0 and q.counts[0].sum() == TOTAL
+
+
+def test_stack_chain_positions():
+    rows = [dyadic.reference.allocate(np.random.default_rng(i).random((3, 9)).astype(np.float32),
+                                      top_k=4) for i in range(2)]
+    q = dyadic.stack(rows, axis=1)
+    assert q.batch_shape == (3, 2) and q.ids.shape == (3, 2, 4)
+    assert np.array_equal(q.counts[:, 1], rows[1].counts)
+    with pytest.raises(ValueError, match="qs: entry 1 differs"):
+        dyadic.stack([rows[0], dyadic.reference.allocate(np.ones((3, 9), np.float32))])
+    with pytest.raises(TypeError, match="qs: expected a non-empty sequence"):
+        dyadic.stack([])
