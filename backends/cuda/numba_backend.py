@@ -1,0 +1,160 @@
+"""``backend="numba"``: the dyadic kernels in Numba-CUDA (a second, independent
+GPU implementation; also runs under the CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
+
+Inputs and outputs are NumPy arrays (copied to the device and back) or device
+arrays (anything with ``__cuda_array_interface__``: used in place).  One block
+per row; block size 256 on a GPU, 32 under the simulator (override with
+DYADIC_NUMBA_TPB, a power of two <= 256).  Correctness, not speed, is this
+backend's job: see numba_kernels.py for the kernel structure.
+"""
+
+import os
+
+import numpy as np
+
+if not hasattr(np, "row_stack"):  # before numba.cuda is first imported (numpy 2.5)
+    np.row_stack = np.vstack
+
+from numba import cuda  # noqa: E402
+
+from . import numba_core, numba_kernels as K  # noqa: E402
+
+
+def _simulator():
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "") == "1"
+
+
+def _tpb():
+    env = os.environ.get("DYADIC_NUMBA_TPB")
+    if env:
+        t = int(env)
+        if t < 1 or t > numba_core.MAX_TPB or t & (t - 1):
+            raise ValueError(f"DYADIC_NUMBA_TPB: expected a power of two <= "
+                             f"{numba_core.MAX_TPB}, got {env!r}")
+        return t
+    return 32 if _simulator() else 256
+
+
+def _is_device(a):
+    return a is not None and hasattr(a, "__cuda_array_interface__")
+
+
+def _in(a, dtype=None):
+    """A device view of an input (device arrays in place, NumPy copied over)."""
+    if _is_device(a):
+        d = cuda.as_cuda_array(a)
+        return d.view(dtype) if dtype is not None and d.dtype != dtype else d
+    a = np.ascontiguousarray(a)
+    if dtype is not None and a.dtype != dtype:
+        a = a.view(dtype)
+    return cuda.to_device(a)
+
+
+class _Outs:
+    """Device buffers for outputs; NumPy outputs are copied back by ``finish``."""
+
+    def __init__(self):
+        self._back = []
+
+    def __call__(self, a):
+        if a is None:
+            return None
+        if _is_device(a):
+            return cuda.as_cuda_array(a)
+        d = cuda.device_array(a.shape, dtype=a.dtype)
+        self._back.append((a, d))
+        return d
+
+    def finish(self):
+        for host, dev in self._back:
+            host[...] = dev.copy_to_host()
+
+
+def _dummy(dtype, ndim):
+    return cuda.to_device(np.zeros((1,) * ndim, dtype=dtype))
+
+
+class NumbaBackend:
+    name = "numba"
+
+    def usable(self):
+        if _simulator():
+            return True
+        try:
+            return bool(cuda.is_available())
+        except Exception:  # noqa: BLE001 - no driver means not usable
+            return False
+
+    def philox4x32(self, counters, keys, rounds, out):
+        n = counters.shape[0]
+        outs = _Outs()
+        d_out = outs(out)
+        tpb = 64
+        blocks = min(max(1, (n + tpb - 1) // tpb), 1024)
+        K.philox_kernel[blocks, tpb](_in(counters), _in(keys), int(rounds), d_out)
+        outs.finish()
+
+    def _keys(self, seed, generation, round, position):
+        return _in(seed), _in(generation), _in(round), _in(position)
+
+    def _alloc(self, x, bias, temperature, logits, policy, top_k, do_draw, keys, tokens,
+               counts, ids, status):
+        bsz, v = x.shape
+        if logits:
+            xf, xb = _in(x), _dummy(np.uint32, 2)
+        else:
+            xf, xb = _dummy(np.float32, 2), _in(x, np.uint32)
+        d_bias = _in(bias) if bias is not None else _dummy(np.float32, 2)
+        outs = _Outs()
+        d_tokens = outs(tokens) if tokens is not None else _dummy(np.int32, 1)
+        d_counts = outs(counts)
+        d_ids = outs(ids) if ids is not None else _dummy(np.int32, 2)
+        d_status = outs(status)
+        if keys is None:
+            z64 = _dummy(np.uint64, 1)
+            z32 = _dummy(np.uint32, 1)
+            keys = (z64, z32, z32, z32)
+        scratch = [cuda.device_array((bsz, v), dtype=np.uint64) for _ in range(3)]
+        K.alloc_kernel[bsz, _tpb()](
+            xf, xb, d_bias, int(bias is not None), _in(temperature), int(bool(logits)),
+            int(policy), int(top_k), int(do_draw), *keys, d_tokens, d_counts, d_ids,
+            int(ids is not None), d_status, *scratch)
+        outs.finish()
+
+    def allocate(self, x, bias, temperature, logits, policy, top_k, counts, ids, status):
+        self._alloc(x, bias, temperature, logits, policy, top_k, 0, None, None,
+                    counts, ids, status)
+
+    def propose(self, x, bias, temperature, policy, top_k, seed, generation, round, position,
+                tokens, counts, ids, status):
+        self._alloc(x, bias, temperature, True, policy, top_k, 1,
+                    self._keys(seed, generation, round, position), tokens, counts, ids, status)
+
+    def draw(self, counts, ids, seed, generation, round, position, tokens):
+        bsz = counts.shape[0]
+        outs = _Outs()
+        d_tokens = outs(tokens)
+        d_ids = _in(ids) if ids is not None else _dummy(np.int32, 2)
+        K.draw_kernel[bsz, _tpb()](_in(counts), d_ids, int(ids is not None),
+                                   *self._keys(seed, generation, round, position), d_tokens)
+        outs.finish()
+
+    def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
+               position, accepted, tokens, status):
+        bsz, k1, v = target.shape
+        if q_counts is None:
+            qmode, d_qc, d_qi = 0, _dummy(np.uint32, 3), _dummy(np.int32, 3)
+        elif q_ids is None:
+            qmode, d_qc, d_qi = 1, _in(q_counts), _dummy(np.int32, 3)
+        else:
+            qmode, d_qc, d_qi = 2, _in(q_counts), _in(q_ids)
+        outs = _Outs()
+        d_acc, d_tok, d_st = outs(accepted), outs(tokens), outs(status)
+        tot = cuda.device_array((bsz, k1), dtype=np.uint64)
+        rh = cuda.device_array((bsz, v), dtype=np.uint64)
+        rl = cuda.device_array((bsz, v), dtype=np.uint64)
+        qd = cuda.device_array((bsz, v if qmode == 2 else 1), dtype=np.uint32)
+        K.verify_kernel[bsz, _tpb()](
+            _in(target, np.uint32), _in(draft), d_qc, d_qi, qmode, _in(greedy),
+            *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, tot, rh, rl, qd)
+        outs.finish()
