@@ -1,0 +1,1 @@
+"""The CPU backend: Cython loops over the shared integer core (backends/include)."""

@@ -1,0 +1,31 @@
+# C API of backends/include/dyadic_core.h used by the CPU backend.
+from libc.stdint cimport uint32_t, int32_t, uint64_t
+
+cdef extern from "dyadic_core.h" nogil:
+    ctypedef struct dy_u128:
+        uint64_t hi
+        uint64_t lo
+    void dy_philox4x32(const uint32_t *ctr, const uint32_t *key, int rounds, uint32_t *out)
+    uint32_t dy_proposal_ticket(uint64_t seed, uint32_t generation, uint32_t round,
+                                uint32_t position)
+    int dy_uniform_below_u128(dy_u128 n, uint64_t seed, uint32_t generation, uint32_t round,
+                              uint32_t position, uint32_t domain, uint32_t *draw_index,
+                              dy_u128 *out)
+    uint64_t dy_exp2_neg_q62(uint32_t f)
+    uint64_t dy_weight_from_gap(double t)
+    uint64_t dy_alloc_ws_words(uint32_t vocab, uint32_t top_k)
+    uint64_t dy_verify_ws_words(uint32_t vocab, uint32_t k)
+    int dy_allocate_row(const float *x, const float *bias, double temperature, int logits,
+                        int policy, uint32_t vocab, uint32_t top_k, uint32_t *counts,
+                        int32_t *ids, uint64_t *ws, int32_t *argmax_out)
+    int dy_propose_row(const float *x, const float *bias, double temperature, int policy,
+                       uint32_t vocab, uint32_t top_k, uint64_t seed, uint32_t generation,
+                       uint32_t round, uint32_t position, int32_t *token, uint32_t *counts,
+                       int32_t *ids, uint64_t *ws)
+    int32_t dy_draw_dense(const uint32_t *counts, uint32_t width, uint32_t r)
+    int32_t dy_draw_sparse(const uint32_t *counts, const int32_t *ids, uint32_t width,
+                           uint32_t r)
+    int dy_verify_row(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
+                      const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
+                      int greedy, uint64_t seed, uint32_t generation, uint32_t round,
+                      uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens)
