@@ -18,7 +18,7 @@ from dyadic import _spec, _status
 
 from .numba_core import (
     F32_INF, F32_MAG, MAX_TPB, TARGET_ONE, TARGET_TOL, TOTAL, U, U0, U1, U8, U15, U24, U40,
-    apply_select, block_argmax, block_exscan128, block_sum128, chunk_of, divmod128_small,
+    add128, apply_select, block_argmax, block_exscan128, block_sum128, chunk_of, divmod128_small,
     draw_block, effective_logit, f32_mant_exp, f64_key, first_exceeding, lt128, mul64, philox,
     radix_select, shift_floor, sub128, target_fixed, uniform_below, weight_from_gap)
 
