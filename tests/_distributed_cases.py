@@ -1,0 +1,264 @@
+"""Worker side of tests/test_distributed.py: many parity cases in one process group.
+
+Every rank builds the same full-vocabulary inputs from a seeded generator,
+takes its slice, calls dyadic.distributed and compares with the unsharded
+dyadic call (backend ``cpu`` when available, else ``reference``).  The outcome
+of each case (result digest or error text) is returned so the test can check
+that every rank agrees.
+"""
+
+import hashlib
+import os
+import traceback
+from datetime import timedelta
+
+import numpy as np
+
+
+def _splits(v, world, rng, permute):
+    """A few contiguous splits: even, random uneven, one with an empty shard."""
+    out = []
+    even = np.linspace(0, v, world + 1).astype(int)
+    out.append(even)
+    cuts = np.sort(rng.integers(0, v + 1, world - 1))
+    out.append(np.concatenate([[0], cuts, [v]]))
+    if world >= 2:
+        e = even.copy()
+        e[1] = 0  # rank 0 empty
+        out.append(e)
+    res = []
+    for b in out:
+        perm = rng.permutation(world) if permute else np.arange(world)
+        res.append([(int(b[perm[r]]), int(b[perm[r] + 1])) for r in range(world)])
+    return res
+
+
+def _digest(*arrays):
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except (ValueError, TypeError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _logits(rng, b, v, kind):
+    if kind == "random":
+        x = rng.normal(0, 3, (b, v))
+    elif kind == "ties":
+        x = rng.integers(-2, 2, (b, v)).astype(float)
+    elif kind == "flat":
+        x = np.zeros((b, v))
+    elif kind == "wide":
+        x = rng.normal(0, 40, (b, v))
+    return x.astype(np.float32)
+
+
+def propose_cases(rank, world, rng_seed, backend, n_cases):
+    import dyadic
+    import dyadic.distributed as dd
+
+    results, fails = [], []
+    rng = np.random.default_rng(rng_seed)
+    case = 0
+    for v in (1, 7, 50, 260):
+        for kind in ("random", "ties", "flat", "wide"):
+            for top_k in (None, 1, 32):
+                for policy in ("standard", "floor-first"):
+                    case += 1
+                    if n_cases and case > n_cases:
+                        return results, fails
+                    b = 3
+                    x = _logits(rng, b, v, kind)
+                    bias = None
+                    if rng.random() < 0.4:
+                        bias = rng.normal(0, 1, v).astype(np.float32)
+                        bias[rng.random(v) < 0.2] = -np.inf
+                    temp = np.array([1.0, 0.0, 0.7])[:b] if rng.random() < 0.5 else 1.3
+                    keys = dyadic.Keys(seed=int(rng.integers(0, 2**63)), round=3,
+                                       position=int(rng.integers(0, 1000)))
+                    for split in _splits(v, world, rng, permute=bool(case % 2)):
+                        lo, hi = split[rank]
+                        xm = x.copy()
+                        if v >= 7 and rng.random() < 0.3:  # mask a whole shard
+                            s_lo, s_hi = split[int(rng.integers(0, world))]
+                            xm[:, s_lo:s_hi] = -np.inf
+                        if v >= 2 and rng.random() < 0.15:  # a bad value somewhere
+                            xm[int(rng.integers(0, b)), int(rng.integers(0, v))] = \
+                                np.nan if rng.random() < 0.5 else np.inf
+                        if v >= 2 and rng.random() < 0.1:  # one row fully masked
+                            xm[0, :] = -np.inf
+                        exp = _outcome(lambda: _prop_digest(dyadic.propose(
+                            xm, keys, temperature=temp, bias=bias, top_k=top_k, policy=policy,
+                            backend=backend)))
+                        got = _outcome(lambda: _prop_digest(_gather_dense(dd.propose(
+                            np.ascontiguousarray(xm[:, lo:hi]), keys, vocab_offset=lo,
+                            vocab_size=v, temperature=temp,
+                            bias=None if bias is None else bias[lo:hi], top_k=top_k,
+                            policy=policy), rank, world)))
+                        results.append(got)
+                        if got != exp:
+                            fails.append(f"propose case {case} v={v} {kind} top_k={top_k} "
+                                         f"{policy} split={split}: got {got} expected {exp}")
+    return results, fails
+
+
+def _prop_digest(res):
+    tokens, q = res
+    ids = q.ids if q.ids is not None else np.zeros(0)
+    return _digest(np.asarray(tokens), np.asarray(q.counts), np.asarray(ids))
+
+
+def _gather_dense(res, rank, world):
+    """Dense q comes back as this rank's shard: gather the shards to compare."""
+    import torch
+    import torch.distributed as dist
+
+    import dyadic
+    import dyadic.distributed as dd
+
+    tokens, q = res
+    if not isinstance(q, dd.DyadicShard):
+        return tokens, q
+    parts = [None] * world
+    dist.all_gather_object(parts, (q.vocab_offset, np.asarray(q.counts)))
+    parts.sort(key=lambda p: p[0])
+    full = np.concatenate([p[1] for p in parts], axis=-1)
+    return tokens, dyadic.Dyadic(full, None, vocab_size=q.vocab_size, policy=q.policy)
+
+
+def _target(rng, b, k1, v, kind):
+    if kind == "peaked":
+        w = np.exp(rng.normal(0, 4, (b, k1, v)))
+    elif kind == "sparse":
+        w = rng.random((b, k1, v)) * (rng.random((b, k1, v)) < 0.2)
+        w[..., 0] += 1e-3
+    else:
+        w = rng.random((b, k1, v))
+    p = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    return p
+
+
+def verify_cases(rank, world, rng_seed, backend, n_cases):
+    import dyadic
+    import dyadic.distributed as dd
+
+    results, fails = [], []
+    rng = np.random.default_rng(rng_seed + 1)
+    case = 0
+    for v in (1, 5, 40, 200):
+        for tkind in ("uniform", "peaked", "sparse"):
+            for qmode in ("none", "sparse", "dense", "shard", "close"):
+                case += 1
+                if n_cases and case > n_cases:
+                    return results, fails
+                b, k = 4, 3
+                keys = dyadic.Keys(seed=int(rng.integers(0, 2**63)), generation=1,
+                                   position=int(rng.integers(0, 1000)))
+                target = _target(rng, b, k + 1, v, tkind)
+                logits = np.log(np.maximum(target[:, :k], 1e-30)).astype(np.float32)
+                if qmode == "close":  # q close to p: mostly accepted, bonus draws
+                    top_k = None
+                else:
+                    logits = logits + rng.normal(0, 2, logits.shape).astype(np.float32)
+                    top_k = 32 if qmode == "sparse" else None
+                toks, q = dyadic.propose(logits.reshape(b * k, v), dyadic.Keys(seed=5),
+                                         top_k=top_k, backend=backend)
+                draft = np.asarray(toks).reshape(b, k)
+                qd = dyadic.Dyadic(np.asarray(q.counts).reshape(b, k, -1),
+                                   None if q.ids is None else np.asarray(q.ids).reshape(b, k, -1),
+                                   vocab_size=v)
+                if qmode == "none":
+                    qd = None
+                    draft = rng.integers(0, v, (b, k))
+                greedy = rng.random(b) < 0.3
+                if v >= 2 and rng.random() < 0.1:
+                    target[1, 2, int(rng.integers(0, v))] = np.nan
+                if v >= 2 and rng.random() < 0.1:
+                    target[2, 0] *= 1.01
+                if qmode == "sparse" and rng.random() < 0.1 and v > 32:
+                    draft[3, 0] = int(np.setdiff1d(np.arange(v), np.asarray(qd.ids)[3, 0])[0])
+                    greedy[3] = False
+                exp = _outcome(lambda: _digest(*dyadic.verify(
+                    target, draft, qd, keys, greedy=greedy, backend=backend)[:2]))
+                for split in _splits(v, world, rng, permute=bool(case % 2)):
+                    lo, hi = split[rank]
+                    qloc = qd
+                    if qmode == "shard":
+                        qloc = dd.DyadicShard(np.ascontiguousarray(np.asarray(qd.counts)[..., lo:hi]),
+                                              lo, v)
+                    got = _outcome(lambda: _digest(*dd.verify(
+                        np.ascontiguousarray(target[..., lo:hi]), draft, qloc, keys,
+                        vocab_offset=lo, vocab_size=v, greedy=greedy)[:2]))
+                    results.append(got)
+                    if got != exp:
+                        fails.append(f"verify case {case} v={v} {tkind} {qmode} split={split}: "
+                                     f"got {got} expected {exp}")
+    return results, fails
+
+
+def error_cases(rank, world, backend):
+    """Inputs that fail on one rank only: every rank must raise the same error."""
+    import dyadic
+    import dyadic.distributed as dd
+
+    out = []
+    v = 12
+    x = np.zeros((2, v), np.float32)
+    lo, hi = v * rank // world, v * (rank + 1) // world
+    keys = dyadic.Keys(seed=1)
+    # structural error on the last rank only: a bias of the wrong length
+    bias = np.zeros(hi - lo + (1 if rank == world - 1 else 0), np.float32)
+    out.append(_outcome(lambda: dd.propose(x[:, lo:hi], keys, vocab_offset=lo, vocab_size=v,
+                                           bias=bias)))
+    # a wrong offset on rank 0: slices do not tile
+    out.append(_outcome(lambda: dd.propose(x[:, lo:hi], keys, vocab_offset=lo + (rank == 0),
+                                           vocab_size=v)))
+    # keys that differ on one rank
+    out.append(_outcome(lambda: dd.propose(x[:, lo:hi], dyadic.Keys(seed=1 + (rank == 1)),
+                                           vocab_offset=lo, vocab_size=v)))
+    # a data error only the last rank sees
+    xl = x[:, lo:hi].copy()
+    if rank == world - 1:
+        xl[1, -1] = np.nan
+    out.append(_outcome(lambda: dd.propose(xl, keys, vocab_offset=lo, vocab_size=v)))
+    # verify: a target dtype error on rank 0 only
+    t = np.full((2, 2, v), 1.0 / v, np.float32)
+    tl = t[..., lo:hi].astype(np.float64 if rank == 0 else np.float32)
+    out.append(_outcome(lambda: dd.verify(tl, np.zeros((2, 1), np.int64), None, keys,
+                                          vocab_offset=lo, vocab_size=v)))
+    # the call after failures still works (no collective left dangling)
+    out.append(_outcome(lambda: _digest(dd.propose(x[:, lo:hi], keys, vocab_offset=lo,
+                                                   vocab_size=v)[0])))
+    return out
+
+
+def worker(rank, world, port, backend, queue, n_cases, device):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=60))
+        res_p, fail_p = propose_cases(rank, world, 1234 + world, backend, n_cases)
+        res_v, fail_v = verify_cases(rank, world, 99 + world, backend, n_cases)
+        errs = error_cases(rank, world, backend)
+        import dyadic.distributed as dd
+        stats = dd.last_exchange
+        queue.put((rank, "done", {"propose": res_p, "verify": res_v, "errors": errs,
+                                  "fails": fail_p + fail_v, "stats": repr(stats)}))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent test
+        queue.put((rank, "crash", traceback.format_exc()))
