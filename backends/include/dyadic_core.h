@@ -44,6 +44,15 @@ typedef long long int64_t;
 #endif
 #endif
 
+/* Host hot loops get an AVX2 clone next to the baseline one (GCC ifunc);
+ * both are integer-exact, so the result does not depend on the clone. */
+#if !defined(DY_CUDA) && defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    defined(__linux__) && !defined(DY_NO_CLONES)
+#define DY_HOT static __attribute__((target_clones("avx2", "default"), noinline))
+#else
+#define DY_HOT DY_FUNC
+#endif
+
 #ifndef DY_NULL
 #define DY_NULL 0
 #endif
@@ -451,7 +460,9 @@ DY_FUNC int dy_accept(uint64_t p_fixed, uint64_t total, uint32_t count, uint64_t
 /* R_v = max(P_v * 2**24 - c_v * T, 0). */
 DY_FUNC dy_u128 dy_residual(uint64_t p_fixed, uint32_t count, uint64_t total) {
     dy_u128 n = dy_make128(p_fixed >> (64 - DY_TOTAL_BITS), p_fixed << DY_TOTAL_BITS);
-    dy_u128 m = dy_mul64(total, count);
+    dy_u128 m;
+    if (count == 0) return n;
+    m = dy_mul64(total, count);
     if (dy_le128(n, m)) return dy_make128(0, 0);
     return dy_sub128(n, m);
 }
@@ -541,6 +552,41 @@ DY_FUNC int dy_alloc_weights(uint64_t *w, uint32_t n, int policy, uint32_t argpo
 DY_FUNC uint64_t dy_alloc_ws_words(uint32_t vocab, uint32_t top_k) {
     if (top_k == 0) return (uint64_t)vocab + (vocab + 1u) / 2u;
     return 2ull * top_k + 2ull * ((top_k + 1u) / 2u);
+}
+
+#ifndef DY_BLOCK
+#define DY_BLOCK 64
+#endif
+
+/* Inverse of dy_order_key. */
+DY_FUNC double dy_key_value(uint64_t key) {
+    union {
+        double d;
+        uint64_t u;
+    } c;
+    c.u = (key >> 63) ? (key & 0x7FFFFFFFFFFFFFFFull) : ~key;
+#if defined(DY_CUDA)
+    return __longlong_as_double((long long)c.u);
+#else
+    return c.d;
+#endif
+}
+
+/* z of n consecutive logits (the loop variants keep each loop branch-free). */
+DY_FUNC void dy_logits_block(const float *x, const float *bias, double temperature, uint32_t n,
+                             double *z) {
+    uint32_t j;
+    if (bias) {
+        if (temperature == 1.0)
+            for (j = 0; j < n; j++) z[j] = (double)x[j] + (double)bias[j];
+        else
+            for (j = 0; j < n; j++) z[j] = ((double)x[j] + (double)bias[j]) / temperature;
+    } else {
+        if (temperature == 1.0)
+            for (j = 0; j < n; j++) z[j] = (double)x[j];
+        else
+            for (j = 0; j < n; j++) z[j] = (double)x[j] / temperature;
+    }
 }
 
 /* Heap of the k best (key desc, id asc); the root is the worst. */
@@ -636,7 +682,7 @@ DY_FUNC int dy_logit_status(double z) {
  * Dense: counts [V].  Sparse: counts [W], ids [W] (ascending ids, zero
  * counts dropped, padded with DY_PAD_ID / 0).  ws: dy_alloc_ws_words words.
  * *argmax_out (may be NULL) receives the argmax.  Returns a status. */
-DY_FUNC int dy_allocate_row(const float *x, const float *bias, double temperature, int logits,
+DY_HOT int dy_allocate_row(const float *x, const float *bias, double temperature, int logits,
                             int policy, uint32_t vocab, uint32_t top_k, uint32_t *counts,
                             int32_t *ids, uint64_t *ws, int32_t *argmax_out) {
     const uint32_t *bits = (const uint32_t *)x;
@@ -687,17 +733,33 @@ DY_FUNC int dy_allocate_row(const float *x, const float *bias, double temperatur
         int emax = 0;
         if (logits) {
             const double inf = dy_inf();
+            double zb[DY_BLOCK], thr = -inf;
+            uint32_t v0;
             zmax = -inf;
-            for (v = 0; v < vocab; v++) {
-                double zv = dy_effective_logit(x[v], bias, v, temperature);
-                uint64_t key;
-                if (!(zv < inf)) return dy_logit_status(zv);
-                if (zv > zmax) {
-                    zmax = zv;
-                    arg = v;
+            /* Blocks: a branch-free pass computes z, flags NaN/+inf and any z
+             * above the heap threshold; only flagged blocks are walked. */
+            for (v0 = 0; v0 < vocab; v0 += DY_BLOCK) {
+                uint32_t n = vocab - v0 < DY_BLOCK ? vocab - v0 : DY_BLOCK, j, bad = 0, hit = 0;
+                dy_logits_block(x + v0, bias ? bias + v0 : DY_NULL, temperature, n, zb);
+                for (j = 0; j < n; j++) {
+                    bad |= (uint32_t)!(zb[j] < inf);
+                    hit |= (uint32_t)(zb[j] > thr);
                 }
-                key = dy_order_key(zv);
-                if (size < k || key > hk[0]) dy_heap_offer(hk, hid, &size, k, key, v);
+                if (!bad && !hit && size == k) continue;
+                for (j = 0; j < n; j++) {
+                    double zv = zb[j];
+                    uint64_t key;
+                    if (!(zv < inf)) return dy_logit_status(zv);
+                    if (zv > zmax) {
+                        zmax = zv;
+                        arg = v0 + j;
+                    }
+                    key = dy_order_key(zv);
+                    if (size < k || key > hk[0]) {
+                        dy_heap_offer(hk, hid, &size, k, key, v0 + j);
+                        if (size == k) thr = dy_key_value(hk[0]);
+                    }
+                }
             }
             if (!(zmax > -inf)) return DY_ST_X_ZERO_MASS;
         } else {
@@ -743,7 +805,7 @@ DY_FUNC int dy_allocate_row(const float *x, const float *bias, double temperatur
 
 /* Temperature-0 proposal: argmax of x + bias in binary64 (ties: lowest id),
  * with the validation of logits_row_weights(row, bias, 1.0). */
-DY_FUNC int dy_argmax_row(const float *x, const float *bias, uint32_t vocab, int32_t *argmax) {
+DY_HOT int dy_argmax_row(const float *x, const float *bias, uint32_t vocab, int32_t *argmax) {
     uint32_t v, arg = 0;
     const double inf = dy_inf();
     double zmax = -inf;
@@ -819,26 +881,40 @@ DY_FUNC int dy_propose_row(const float *x, const float *bias, double temperature
 
 /* ====================== verification (sampling.verify_row) ====================== */
 
+/* P = floor(p * 2**62) of a valid target probability, branch-free:
+ * (mant << 39) >> (127 - max(E, 1)), the shift clamped to 63. */
+DY_FUNC uint64_t dy_target_fixed_fast(uint32_t b) {
+    uint32_t e = (b >> 23) & 0xFFu;
+    uint64_t m = (uint64_t)((b & 0x7FFFFFu) | (e ? 0x800000u : 0u));
+    uint32_t s = 127u - (e ? e : 1u);
+    s = s > 63u ? 63u : s;
+    return (m << 39) >> s;
+}
+
 /* Validate a target row and return T = sum P (status DY_ST_OK, TARGET_*). */
-DY_FUNC int dy_target_row_total(const uint32_t *bits, uint32_t vocab, uint64_t *total) {
-    uint64_t lo = 0, carry = 0;
+DY_HOT int dy_target_row_total(const uint32_t *bits, uint32_t vocab, uint64_t *total) {
+    uint64_t hi = 0, lo = 0, t;
     const uint64_t one = 1ull << DY_TARGET_BITS, tol = one >> DY_TARGET_TOL_BITS;
-    uint32_t v;
+    uint32_t v, bad = 0;
     for (v = 0; v < vocab; v++) {
         uint32_t b = bits[v];
-        uint64_t p;
-        if (b > 0x3F800000u && b != 0x80000000u) return DY_ST_TARGET_INVALID_VALUE;
-        p = dy_target_fixed(b);
-        lo += p;
-        carry += lo < p;
+        uint64_t p = dy_target_fixed_fast(b);
+        bad |= (uint32_t)(b > 0x3F800000u) & (uint32_t)(b != 0x80000000u);
+        hi += p >> 32;
+        lo += p & 0xFFFFFFFFu;
     }
-    if (carry || (lo > one ? lo - one : one - lo) > tol) return DY_ST_TARGET_SUM;
-    *total = lo;
+    if (bad) return DY_ST_TARGET_INVALID_VALUE;
+    /* sum = hi * 2**32 + lo, hi < 2**55, lo < 2**56 */
+    if (hi >> 31) return DY_ST_TARGET_SUM;
+    t = (hi << 32) + lo;
+    if (t < lo) return DY_ST_TARGET_SUM;
+    if ((t > one ? t - one : one - t) > tol) return DY_ST_TARGET_SUM;
+    *total = t;
     return DY_ST_OK;
 }
 
 /* First argmax of a validated float32 row (ties: lowest id; -0.0 == 0). */
-DY_FUNC int32_t dy_first_argmax_bits(const uint32_t *bits, uint32_t vocab) {
+DY_HOT int32_t dy_first_argmax_bits(const uint32_t *bits, uint32_t vocab) {
     uint32_t v, best = 0, arg = 0;
     for (v = 0; v < vocab; v++) {
         uint32_t mag = bits[v] & 0x7FFFFFFFu;
@@ -870,7 +946,7 @@ DY_FUNC uint64_t dy_verify_ws_words(uint32_t vocab, uint32_t k) {
 /* One request of verify.  target: float32 bits [(k+1), V]; draft [k];
  * q_counts [k, W] or NULL (point mass); q_ids [k, W] or NULL (dense, W = V);
  * tokens [k+1].  Returns a status; on error *accepted = 0 and tokens = -1. */
-DY_FUNC int dy_verify_row(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
+DY_HOT int dy_verify_row(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
                           const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
                           int greedy, uint64_t seed, uint32_t generation, uint32_t round,
                           uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens) {
@@ -925,7 +1001,7 @@ DY_FUNC int dy_verify_row(const uint32_t *target, const int32_t *draft, const ui
                     if (qi[j] >= 0) qdense[qi[j]] = qc[j];
 #define DY_QV(vv) (qc ? (qi ? qdense[vv] : qc[vv]) : ((int32_t)(vv) == d ? DY_TOTAL : 0u))
             for (v = 0; v < vocab; v++)
-                sum = dy_add128(sum, dy_residual(dy_target_fixed(row[v]), DY_QV(v), totals[i]));
+                sum = dy_add128(sum, dy_residual(dy_target_fixed_fast(row[v]), DY_QV(v), totals[i]));
             if (dy_is_zero128(sum)) {
                 st = DY_ST_ALLOC_INCONSISTENT; /* unreachable for a valid q */
             } else {
@@ -934,7 +1010,7 @@ DY_FUNC int dy_verify_row(const uint32_t *target, const int32_t *draft, const ui
             }
             if (!st) {
                 for (v = 0; v < vocab; v++) {
-                    acc = dy_add128(acc, dy_residual(dy_target_fixed(row[v]), DY_QV(v), totals[i]));
+                    acc = dy_add128(acc, dy_residual(dy_target_fixed_fast(row[v]), DY_QV(v), totals[i]));
                     if (dy_lt128(x, acc)) {
                         tok = (int32_t)v;
                         break;
@@ -962,7 +1038,7 @@ DY_FUNC int dy_verify_row(const uint32_t *target, const int32_t *draft, const ui
                                       DY_DOMAIN_CORRECTION, &idx, &x);
             if (!st) {
                 for (v = 0; v < vocab; v++) {
-                    acc += dy_target_fixed(row[v]);
+                    acc += dy_target_fixed_fast(row[v]);
                     if (acc > x) {
                         tokens[k] = (int32_t)v;
                         break;
