@@ -21,7 +21,14 @@ from . import numba_core, numba_kernels as K  # noqa: E402
 
 
 def _simulator():
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "") == "1"
+    """True when numba.cuda is the simulator (decided when numba was first imported)."""
+    from numba import config
+    return bool(getattr(config, "ENABLE_CUDASIM", 0))
+
+
+def _as_device(a):
+    as_cuda_array = getattr(cuda, "as_cuda_array", None)  # the simulator lacks it
+    return a if as_cuda_array is None else as_cuda_array(a)
 
 
 def _tpb():
@@ -42,7 +49,7 @@ def _is_device(a):
 def _in(a, dtype=None):
     """A device view of an input (device arrays in place, NumPy copied over)."""
     if _is_device(a):
-        d = cuda.as_cuda_array(a)
+        d = _as_device(a)
         return d.view(dtype) if dtype is not None and d.dtype != dtype else d
     a = np.ascontiguousarray(a)
     if dtype is not None and a.dtype != dtype:
@@ -60,7 +67,7 @@ class _Outs:
         if a is None:
             return None
         if _is_device(a):
-            return cuda.as_cuda_array(a)
+            return _as_device(a)
         d = cuda.device_array(a.shape, dtype=a.dtype)
         self._back.append((a, d))
         return d
