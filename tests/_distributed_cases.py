@@ -110,6 +110,11 @@ def propose_cases(rank, world, rng_seed, backend, n_cases):
     return results, fails
 
 
+def _verdict(res):
+    return _digest(np.asarray(res.accepted), np.asarray(res.tokens)) + " acc=" + str(
+        np.asarray(res.accepted).tolist())
+
+
 def _prop_digest(res):
     tokens, q = res
     ids = q.ids if q.ids is not None else np.zeros(0)
@@ -186,17 +191,17 @@ def verify_cases(rank, world, rng_seed, backend, n_cases):
                 if qmode == "sparse" and rng.random() < 0.1 and v > 32:
                     draft[3, 0] = int(np.setdiff1d(np.arange(v), np.asarray(qd.ids)[3, 0])[0])
                     greedy[3] = False
-                exp = _outcome(lambda: _digest(*dyadic.verify(
-                    target, draft, qd, keys, greedy=greedy, backend=backend)[:2]))
+                exp = _outcome(lambda: _verdict(dyadic.verify(
+                    target, draft, qd, keys, greedy=greedy, backend=backend)))
                 for split in _splits(v, world, rng, permute=bool(case % 2)):
                     lo, hi = split[rank]
                     qloc = qd
                     if qmode == "shard":
                         qloc = dd.DyadicShard(np.ascontiguousarray(np.asarray(qd.counts)[..., lo:hi]),
                                               lo, v)
-                    got = _outcome(lambda: _digest(*dd.verify(
+                    got = _outcome(lambda: _verdict(dd.verify(
                         np.ascontiguousarray(target[..., lo:hi]), draft, qloc, keys,
-                        vocab_offset=lo, vocab_size=v, greedy=greedy)[:2]))
+                        vocab_offset=lo, vocab_size=v, greedy=greedy)))
                     results.append(got)
                     if got != exp:
                         fails.append(f"verify case {case} v={v} {tkind} {qmode} split={split}: "
