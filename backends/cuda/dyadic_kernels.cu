@@ -250,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_draw(
 extern "C" __global__ void __launch_bounds__(256) dc_vpart(
     const u32* target, int V, int ntiles, u64* part_lo, u64* part_hi, u64* part_max, u32* part_bad) {
   __shared__ DcShared sh;
-  const int tile = blockIdx.x, r = blockIdx.y;
+  const int tile = blockIdx.y, r = blockIdx.x;
   const u32* t = target + (i64)r * V;
   int lo = tile * VTILE, hi = min(V, lo + VTILE);
   u128 s = mk128(0, 0); u64 mx = 0; bool bad = false;

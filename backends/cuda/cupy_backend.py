@@ -1,0 +1,288 @@
+"""backend="cuda": CUDA C kernels compiled at first use by NVRTC through CuPy.
+
+The kernels (``dyadic_kernels.cu``, ``dyadic_cuda.cuh``) are compiled with
+``--fmad=false`` and the shared exponential table of ``backends/include``;
+every decision is integer arithmetic, so the results equal the reference bit
+for bit.  Modules and scratch buffers are cached per device.
+
+Arrays: every Protocol method takes NumPy arrays (copied to the device and
+back) or device arrays (torch CUDA tensors, CuPy arrays, anything with
+``__cuda_array_interface__``), which are used in place, zero-copy, on CuPy's
+current stream (``dyadic._device`` makes that the caller's stream).  Device
+``x`` may be float32, float16 or bfloat16 (read in the kernel; exact).  Key
+arrays may have 4- or 8-byte integer words and length B or 1.
+
+Launch structure:
+- top-k allocate / propose: ONE launch, grid (ceil(V / 2048), B).  Each block
+  keeps its tile's best min(k, 2048) (value desc, id asc) by radix select;
+  the last block of a row (atomic counter after ``__threadfence``) merges
+  the candidates, allocates and draws.  No block waits for another.
+- dense allocate / propose: one block per row (block reductions, radix
+  select of the remainders); scratch u64 [B, V].
+- verify: partial sums per (row, tile); one warp per request for the totals,
+  the status and the acceptance chain; one block per request for the single
+  residual (or bonus) draw that request needs.
+
+Scratch buffers are shared by the calls on one device: do not run two dyadic
+calls concurrently on different streams of the same device.
+"""
+
+import os
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TILE = 2048
+_VTILE = 4096
+_MAX_K_VERIFY = 63
+
+_MODULES = {}
+_SCRATCH = {}
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def _include_dir():
+    return os.path.join(os.path.dirname(_HERE), "include")
+
+
+def _source():
+    with open(os.path.join(_HERE, "dyadic_kernels.cu")) as f:
+        return f.read()
+
+
+def module():
+    """The compiled RawModule of the current device (compiled once per device)."""
+    cp = _cupy()
+    dev = cp.cuda.Device().id
+    mod = _MODULES.get(dev)
+    if mod is None:
+        mod = cp.RawModule(code=_source(), options=(
+            "--fmad=false", "--std=c++17", "-I" + _include_dir(), "-I" + _HERE))
+        mod.compile()
+        _MODULES[dev] = mod
+    return mod
+
+
+def _kernel(name):
+    return module().get_function(name)
+
+
+def scratch(name, nbytes, zero=False):
+    """A cached device buffer of at least ``nbytes`` (grown, never shrunk)."""
+    cp = _cupy()
+    dev = cp.cuda.Device().id
+    key = (dev, name)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = cp.zeros(max(int(nbytes), 8) // 8 + 1, dtype=cp.uint64)
+        _SCRATCH[key] = buf
+    return buf
+
+
+def _is_torch(a):
+    import sys
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
+_DT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def dtype_name(a):
+    if _is_torch(a):
+        return str(a.dtype).replace("torch.", "")
+    if hasattr(a, "__cuda_array_interface__") and not hasattr(a, "dtype"):
+        return np.dtype(a.__cuda_array_interface__["typestr"]).name
+    return np.dtype(a.dtype).name
+
+
+def _ptr(a):
+    if a is None:
+        return 0
+    if _is_torch(a):
+        return a.data_ptr()
+    cp = _cupy()
+    if isinstance(a, cp.ndarray):
+        return a.data.ptr
+    return a.__cuda_array_interface__["data"][0]
+
+
+class _Call:
+    """Moves NumPy arguments to the device and results back; device arrays pass through."""
+
+    def __init__(self):
+        self.back = []
+        self.keep = []
+
+    def __call__(self, a, out=False):
+        if a is None:
+            return np.uint64(0)
+        if isinstance(a, np.ndarray):
+            cp = _cupy()
+            d = cp.asarray(a)
+            self.keep.append(d)
+            if out:
+                self.back.append((d, a))
+            return np.uint64(d.data.ptr)
+        return np.uint64(_ptr(a))
+
+    def finish(self):
+        for d, a in self.back:
+            a[...] = d.get()
+
+
+def _len(a):
+    if isinstance(a, np.ndarray) or _is_torch(a) or hasattr(a, "shape"):
+        return int(a.shape[0]) if len(a.shape) else 1
+    return len(a.__cuda_array_interface__["shape"])
+
+
+def _itemsize(a):
+    if _is_torch(a):
+        return a.element_size()
+    if hasattr(a, "itemsize"):
+        return int(a.itemsize)
+    return np.dtype(a.__cuda_array_interface__["typestr"]).itemsize
+
+
+def _keys(call, seed, generation, round_, position, batch):
+    """Pointers and the format word of the four key arrays."""
+    host = [isinstance(a, np.ndarray) for a in (seed, generation, round_, position)]
+    if all(host):
+        packed = np.empty((4, batch), dtype=np.uint64)
+        for j, a in enumerate((seed, generation, round_, position)):
+            packed[j] = np.broadcast_to(a.astype(np.uint64), (batch,))
+        base = call(packed)
+        ptrs = [np.uint64(int(base) + 8 * batch * j) for j in range(4)]
+        return ptrs, 0b01010101
+    ptrs, fmt = [], 0
+    for j, a in enumerate((seed, generation, round_, position)):
+        size = _itemsize(a)
+        if size not in (4, 8):
+            raise TypeError(f"keys: device key arrays need 4- or 8-byte integers, got {size} bytes")
+        f = (1 if size == 8 else 0) | (2 if _len(a) == 1 and batch != 1 else 0)
+        fmt |= f << (2 * j)
+        ptrs.append(call(a))
+    return ptrs, fmt
+
+
+def _x_code(x):
+    name = dtype_name(x)
+    if name not in _DT_CODES:
+        raise TypeError(f"x: dtype {name} not supported; expected float32, float16 or bfloat16")
+    return np.int32(_DT_CODES[name])
+
+
+class CupyBackend:
+    name = "cuda"
+
+    def usable(self):
+        try:
+            cp = _cupy()
+            return cp.cuda.runtime.getDeviceCount() > 0
+        except Exception:  # noqa: BLE001 - no driver / no device means unusable
+            return False
+
+    # -------------------------------------------------------------- philox
+    def philox4x32(self, counters, keys, rounds, out):
+        call = _Call()
+        n = int(counters.shape[0])
+        args = (call(counters), call(keys), np.int32(rounds), np.int32(n), call(out, True))
+        _kernel("dc_philox")(((n + 255) // 256,), (256,), args)
+        call.finish()
+
+    # ------------------------------------------------------- allocate/propose
+    def _alloc(self, x, bias, temperature, logits, greedy_ok, policy, top_k, keys, tokens,
+               counts, ids, status):
+        call = _Call()
+        batch, v = int(x.shape[0]), int(x.shape[1])
+        bias_rows = 0 if bias is None else int(bias.shape[0])
+        common = (call(x), _x_code(x), call(bias), np.int32(0 if bias is None else _x_code(bias)),
+                  np.int32(bias_rows), call(temperature), np.int32(bool(logits)),
+                  np.int32(greedy_ok), np.int32(v))
+        do_draw = tokens is not None
+        if do_draw:
+            kptrs, kfmt = _keys(call, *keys, batch)
+        else:
+            kptrs, kfmt = [np.uint64(0)] * 4, 0
+        if top_k:
+            k = int(top_k)
+            kc = min(k, _TILE)
+            ntiles = (v + _TILE - 1) // _TILE
+            n = batch * ntiles * kc
+            cand_key = scratch("cand_key", 8 * n)
+            cand_id = scratch("cand_id", 4 * n)
+            tile_bad = scratch("tile_bad", 8 * batch * ntiles)
+            counters = scratch("counters", 4 * batch)
+            sup_id = scratch("sup_id", 4 * batch * k)
+            sup_key = scratch("sup_key", 8 * batch * k)
+            sup_rem = scratch("sup_rem", 8 * batch * k)
+            sup_cnt = scratch("sup_cnt", 4 * batch * k)
+            args = common + (np.int32(k), np.int32(kc), np.int32(ntiles), np.int32(policy),
+                             np.int32(do_draw), *kptrs, np.int32(kfmt), cand_key, cand_id,
+                             tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt,
+                             call(tokens, True), call(counts, True), call(ids, True),
+                             call(status, True))
+            _kernel("dc_topk")((ntiles, batch), (256,), args)
+        else:
+            sc = scratch("dense", 8 * batch * v)
+            args = common + (np.int32(policy), np.int32(do_draw), *kptrs, np.int32(kfmt), sc,
+                             call(tokens, True), call(counts, True), call(status, True))
+            _kernel("dc_dense")((batch,), (1024,), args)
+        call.finish()
+
+    def allocate(self, x, bias, temperature, logits, policy, top_k, counts, ids, status):
+        self._alloc(x, bias, temperature, logits, 0, policy, top_k, None, None, counts, ids,
+                    status)
+
+    def propose(self, x, bias, temperature, policy, top_k, seed, generation, round, position,
+                tokens, counts, ids, status):
+        self._alloc(x, bias, temperature, True, 1, policy, top_k,
+                    (seed, generation, round, position), tokens, counts, ids, status)
+
+    # ----------------------------------------------------------------- draw
+    def draw(self, counts, ids, seed, generation, round, position, tokens):
+        call = _Call()
+        batch, w = int(counts.shape[0]), int(counts.shape[1])
+        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
+        args = (call(counts), call(ids), np.int32(w), *kptrs, np.int32(kfmt), call(tokens, True))
+        _kernel("dc_draw")((batch,), (256,), args)
+        call.finish()
+
+    # --------------------------------------------------------------- verify
+    def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
+               position, accepted, tokens, status):
+        batch, k1, v = (int(s) for s in target.shape)
+        k = k1 - 1
+        if k > _MAX_K_VERIFY:
+            raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
+                             f"tokens per request, got k={k}")
+        call = _Call()
+        w = 0 if q_counts is None else int(q_counts.shape[-1])
+        ntiles = (v + _VTILE - 1) // _VTILE
+        rows = batch * k1
+        part_lo = scratch("part_lo", 8 * rows * ntiles)
+        part_hi = scratch("part_hi", 8 * rows * ntiles)
+        part_max = scratch("part_max", 8 * rows * ntiles)
+        part_bad = scratch("part_bad", 4 * rows * ntiles)
+        res_row = scratch("res_row", 4 * batch)
+        res_t = scratch("res_T", 8 * batch)
+        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
+        t, d = call(target), call(draft)
+        qc, qi, g = call(q_counts), call(q_ids), call(greedy)
+        a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
+        _kernel("dc_vpart")((rows, ntiles), (256,),
+                            (t, np.int32(v), np.int32(ntiles), part_lo, part_hi, part_max,
+                             part_bad))
+        _kernel("dc_vchain")((batch,), (32,),
+                             (t, d, qc, qi, np.int32(w), g, np.int32(batch), np.int32(k),
+                              np.int32(v), np.int32(ntiles), part_lo, part_hi, part_max,
+                              part_bad, *kptrs, np.int32(kfmt), res_row, res_t, a, tk, st))
+        _kernel("dc_vresid")((batch,), (1024,),
+                             (t, d, qc, qi, np.int32(w), np.int32(k), np.int32(v), *kptrs,
+                              np.int32(kfmt), res_row, res_t, a, tk, st))
+        call.finish()
