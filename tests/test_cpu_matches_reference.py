@@ -322,3 +322,31 @@ def test_verify_large_vocab():
     target = softmax(rng.normal(0, 3, (b, k + 1, v)))
     draft = np.argsort(target[:, 0, :], axis=-1)[:, :1].astype(np.int32)  # unlikely tokens
     same_verify(target, draft, None, None, np.zeros(b, np.uint8), keys_arrays(rng, b))
+
+
+@given(st.integers(1, 30), st.integers(0, 3), st.integers(0, 2**32 - 1),
+       st.sampled_from(["dense", "sparse", "none"]))
+def test_verify_hypothesis(v, k, seed, qkind):
+    rng = np.random.default_rng(seed)
+    b = 4
+    z = rng.normal(0, rng.choice([0.1, 2.0, 30.0]), (b, k + 1, v))
+    z[rng.random(z.shape) < 0.3] = -np.inf
+    z[..., 0] = np.maximum(z[..., 0], 0.0)
+    target = softmax(z)
+    keys = keys_arrays(rng, b)
+    greedy = (rng.random(b) < 0.3).astype(np.uint8)
+    if qkind == "none":
+        qc = qi = None
+        draft = rng.integers(0, v, (b, k)).astype(np.int32)
+    else:
+        w = 0 if qkind == "dense" else int(rng.integers(1, v + 1))
+        counts = np.zeros((b * k, w or v), np.uint32)
+        ids = np.zeros((b * k, w), np.int32) if w else None
+        status = np.zeros(b * k, np.int32)
+        xq = rng.normal(0, 3, (b * k, v)).astype(np.float32)
+        cpu.allocate(xq, None, np.ones(b * k), True, int(rng.integers(0, 2)), w, counts, ids,
+                     status)
+        qc = counts.reshape(b, k, counts.shape[1])
+        qi = None if ids is None else ids.reshape(b, k, ids.shape[1])
+        draft = rng.integers(0, v, (b, k)).astype(np.int32)  # q(d) = 0 happens: a status
+    same_verify(np.ascontiguousarray(target), draft, qc, qi, greedy, keys)
