@@ -10,7 +10,7 @@ import pytest
 import dyadic
 from dyadic import _backend
 
-from .conftest import _load
+from conftest import _load
 
 pytestmark = pytest.mark.gpu
 
