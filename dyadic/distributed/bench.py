@@ -1,0 +1,124 @@
+"""Time per position and bytes exchanged: sharded (gloo, N ranks) vs unsharded.
+
+    python -m dyadic.distributed.bench [--world 2 4] [--vocab 129280] [--batch 8]
+
+Each rank is a spawned process on 127.0.0.1; the unsharded baseline is
+``dyadic.propose`` / ``dyadic.verify`` (backend ``cpu`` if available) on the
+full vocabulary in one process.  Times are medians per call divided by the
+positions in the call (B for propose, B * (k+1) for verify).
+"""
+
+import argparse
+import socket
+import statistics
+import time
+from datetime import timedelta
+
+import numpy as np
+
+
+def _inputs(v, b, k):
+    import dyadic
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (b, v)).astype(np.float32)
+    w = np.exp(rng.normal(0, 3, (b, k + 1, v)))
+    target = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    dl = (np.log(target[:, :k]) + rng.normal(0, 1, (b, k, v))).astype(np.float32)
+    toks, q = dyadic.propose(dl.reshape(b * k, v), dyadic.Keys(seed=3), top_k=32)
+    qd = dyadic.Dyadic(q.counts.reshape(b, k, -1), q.ids.reshape(b, k, -1), vocab_size=v)
+    return logits, target, toks.reshape(b, k), qd
+
+
+def _time(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _cases(v, b, k):
+    return [("propose top_k=32", "propose", dict(top_k=32), b),
+            ("propose dense standard", "propose", dict(top_k=None), b),
+            ("propose dense floor-first", "propose", dict(top_k=None, policy="floor-first"), b),
+            ("verify k=5 sparse q", "verify", {}, b * (k + 1))]
+
+
+def _worker(rank, world, port, v, b, k, reps, queue):
+    import torch
+    import torch.distributed as dist
+
+    import dyadic
+    import dyadic.distributed as dd
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    logits, target, draft, q = _inputs(v, b, k)
+    lo, hi = v * rank // world, v * (rank + 1) // world
+    keys = dyadic.Keys(seed=11, position=7)
+    out = []
+    for name, op, kw, positions in _cases(v, b, k):
+        if op == "propose":
+            x = np.ascontiguousarray(logits[:, lo:hi])
+            fn = lambda: dd.propose(x, keys, vocab_offset=lo, vocab_size=v, **kw)  # noqa: E731
+        else:
+            t = np.ascontiguousarray(target[..., lo:hi])
+            fn = lambda: dd.verify(t, draft, q, keys, vocab_offset=lo, vocab_size=v)  # noqa: E731
+        dist.barrier()
+        sec = _time(fn, reps)
+        st = dd.last_exchange
+        out.append((name, sec / positions, st.bytes_sent / positions, st.collectives))
+    queue.put((rank, out))
+    dist.destroy_process_group()
+
+
+def main(argv=None):
+    import torch.multiprocessing as mp
+
+    import dyadic
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--vocab", type=int, default=129280)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args(argv)
+    v, b, k = a.vocab, a.batch, a.k
+    backend = "cpu" if "cpu" in dyadic.available_backends() else "reference"
+    logits, target, draft, q = _inputs(v, b, k)
+    keys = dyadic.Keys(seed=11, position=7)
+    print(f"V={v} B={b} k={k}; unsharded backend={backend}; times are per position")
+    print(f"{'case':28s} {'ranks':>5s} {'us/pos':>10s} {'B sent/rank/pos':>16s} {'collectives':>11s}")
+    for name, op, kw, positions in _cases(v, b, k):
+        if op == "propose":
+            fn = lambda: dyadic.propose(logits, keys, backend=backend, **kw)  # noqa: E731
+        else:
+            fn = lambda: dyadic.verify(target, draft, q, keys, backend=backend)  # noqa: E731
+        print(f"{name:28s} {'1':>5s} {1e6 * _time(fn, a.reps) / positions:10.1f} "
+              f"{'0':>16s} {'0':>11s}")
+    ctx = mp.get_context("spawn")
+    for world in a.world:
+        queue = ctx.Queue()
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        procs = [ctx.Process(target=_worker, args=(r, world, port, v, b, k, a.reps, queue))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        res = dict(queue.get(timeout=600) for _ in range(world))
+        for p in procs:
+            p.join(30)
+        for i, (name, _, _, _) in enumerate(_cases(v, b, k)):
+            sec = max(res[r][i][1] for r in res)
+            byt = res[0][i][2]
+            print(f"{name:28s} {world:5d} {1e6 * sec:10.1f} {byt:16.1f} {res[0][i][3]:11d}")
+
+
+if __name__ == "__main__":
+    main()
