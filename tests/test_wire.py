@@ -482,3 +482,34 @@ def test_fuzz_mutated_frames(frame, edits, cut, fix_crc):
     elif cut == 2:
         b += b"\0\1"
     _total(bytes(b), fix_crc)
+
+
+def _outcome(data):
+    try:
+        m = w.decode(data, limits=LIM)
+    except w.WireError as e:
+        return type(e)
+    return w.encode(m)
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+       st.booleans())
+def test_fast_path_agrees_with_ordered_checks(edits, fix_crc):
+    """The vectorised fast path never accepts what the ordered rule checks reject."""
+    b = bytearray(_SEEDS[0])
+    for pos, val in edits:
+        b[32 + pos % (len(b) - 32)] = val
+    data = bytes(b)
+    if fix_crc:
+        h = bytearray(data[:32])
+        struct.pack_into("<I", h, 20, zlib.crc32(data[32:]))
+        struct.pack_into("<I", h, 28, zlib.crc32(bytes(h[:28])))
+        data = bytes(h) + data[32:]
+    fast = _outcome(data)
+    orig = _codec._fast_sparse
+    _codec._fast_sparse = lambda *a: None
+    try:
+        slow = _outcome(data)
+    finally:
+        _codec._fast_sparse = orig
+    assert fast == slow
