@@ -24,7 +24,7 @@ PY
   python3 -m pip install -q -e . --no-build-isolation --no-deps 2>&1 | tail -3
   echo "== parity tests"
   timeout ${PARITY_TIMEOUT:-400} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/test_gpu_parity*.py tests/test_import_light.py 2>&1 | tail -${TAIL:-80}
+      tests/test_gpu_parity.py tests/test_import_light.py tests/test_gpu_parity_numba.py 2>&1 | tail -${TAIL:-80}
   echo "parity exit: $?"
   if [ "$MODE" = full ]; then
     echo "== benchmark"
