@@ -70,17 +70,19 @@ def effective_logits(x, b, temperature):
 
 
 def target_fixed(bits):
-    """P = floor(p * 2**62) (uint64) and the invalid-value mask of float32 bit patterns."""
+    """P = floor(p * 2**62) (uint64) and the invalid-value mask of float32 bit patterns.
+
+    p * 2**62 is exact in binary64 (a float32 value scaled by a power of two,
+    no overflow for p <= 1), and so is its floor; the result is < 2**63.
+    """
     bits = np.asarray(bits, dtype=np.uint32)
     mag = bits & np.uint32(0x7FFFFFFF)
-    invalid = (((bits >> np.uint32(31)) != 0) & (mag != 0)) | (mag > np.uint32(0x3F800000))
-    eb = ((mag >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
-    m = (mag & np.uint32(0x7FFFFF)).astype(np.uint64) | np.where(eb != 0, U64(0x800000), U64(0))
-    s = np.where(eb != 0, eb - 150, -149) + _spec.TARGET_BITS
-    left = np.clip(s, 0, 63).astype(np.uint64)
-    right = np.clip(-s, 0, 63).astype(np.uint64)
-    p = np.where(s >= 0, m << left, m >> right)
-    return p, invalid, mag
+    p = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        ok = (p >= 0) & (p <= 1)
+    scaled = np.floor(np.where(ok, p, np.float32(0)).astype(np.float64)
+                      * float(1 << _spec.TARGET_BITS))
+    return scaled.astype(np.uint64), ~ok, mag
 
 
 def limb_sum(hi, lo):
