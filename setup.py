@@ -8,7 +8,7 @@ the CUDA backend can hand them to NVRTC at run time.
 
 import numpy
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 # Exactness: no fast-math, no FMA contraction (docs/semantics.md).
 CFLAGS = ["-O3", "-fno-fast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
@@ -24,8 +24,8 @@ extensions = [
 ]
 
 setup(
-    packages=["dyadic", "dyadic.reference", "dyadic.backends", "dyadic.backends.cpu",
-              "dyadic.backends.cuda"],
+    packages=find_packages(include=["dyadic", "dyadic.*"])
+    + ["dyadic.backends", "dyadic.backends.cpu", "dyadic.backends.cuda"],
     package_dir={"dyadic.backends": "backends"},
     package_data={"dyadic.backends": ["include/*.h"], "dyadic.backends.cpu": ["*.pyx", "*.pxd"],
                   "dyadic.backends.cuda": ["*.cu", "*.cuh"]},
