@@ -479,74 +479,88 @@ _F24 = np.float32(TOTAL)
 _POS = {}
 
 
+_ROW = struct.Struct("<HBBiII")
+_LAYOUT = {}
+
+
+def _layout(ns):
+    """Cached per row-size pattern: starts, row-boundary indices, per-entry row
+    base (row << 24) and the expected row-sum bytes."""
+    lay = _LAYOUT.get(ns)
+    if lay is None:
+        if len(_LAYOUT) > 256:
+            _LAYOUT.clear()
+        n = np.asarray(ns, dtype=np.intp)
+        starts = np.zeros(n.size, dtype=np.intp)
+        np.cumsum(n[:-1], out=starts[1:])
+        base = np.arange(n.size, dtype=np.int64) << 24
+        lay = _LAYOUT[ns] = (starts, starts[1:] - 1, np.repeat(base, n), base,
+                             np.full(n.size, TOTAL, dtype=np.uint64).tobytes())
+    return lay
+
+
 def _fast_sparse(body, session, rows, gen, rnd, attempt, depth, n_slots, ctx, n_vals, n_ids,
                  table_end, limits):
-    """All-sparse, fully valid replies in ~30 vectorised operations; None means
-    "not provably valid here": the ordered slow path then finds the rule."""
-    rep = rows["repr"]
-    n = rows["n"]
-    if rep.min() != REPR_SPARSE or rep.max() != REPR_SPARSE or n.min() < 1 or \
-            n.max() > limits.max_support:
+    """All-sparse, fully valid replies with few vectorised operations; None means
+    "not provably valid here": the ordered slow path then finds the broken rule."""
+    max_support = limits.max_support
+    ns = []
+    slots = []
+    sampled = []
+    r = 0
+    for slot, pos, rep, smp, n, _ in _ROW.iter_unpack(body[REPLY.size:table_end]):
+        if rep != REPR_SPARSE or not 1 <= n <= max_support or pos != r % depth:
+            return None
+        if pos == 0:
+            slots.append(slot)
+        elif slot != slots[-1]:
+            return None
+        ns.append(n)
+        sampled.append(smp)
+        r += 1
+    total = sum(ns)
+    if total != n_vals or total != n_ids or body.nbytes != table_end + 8 * total or \
+            len(set(slots)) != n_slots:
         return None
-    total = int(n.sum(dtype=np.int64))
-    if total != n_vals or total != n_ids or body.nbytes != table_end + 8 * total:
+    vocab = limits.vocab_size
+    if min(sampled) < 0 or max(sampled) >= vocab:
         return None
-    key = (n_slots, depth)
-    pos = _POS.get(key)
-    if pos is None:
-        pos = _POS[key] = (np.tile(np.arange(depth, dtype=np.uint8), n_slots).tobytes(),
-                           np.arange(n_slots * depth, dtype=np.int64) << 24)
-    if rows["position"].tobytes() != pos[0]:
-        return None
-    slot = rows["slot"]
-    first = slot[::depth]
-    if depth > 1 and np.repeat(first, depth).tobytes() != slot.tobytes():
-        return None
-    slots = tuple(first.tolist())
-    if len(set(slots)) != n_slots:
-        return None
+    ns = tuple(ns)
+    starts, bounds, rowbase, base, sums_ok = _layout(ns)
     bits = np.frombuffer(body, dtype="<u4", count=total, offset=table_end)
     if int((bits - np.uint32(_LO)).max()) > _SPAN:      # every value in [2**-24, 1]
         return None
     vals = bits.view("<f4")
-    scaled = vals * _F24
+    scaled = vals * _F24                               # exact (power-of-two scale)
     counts = scaled.astype(np.uint32)
-    if (counts.astype(np.float32) != scaled).any():
+    if (scaled - counts.astype(np.float32)).any():     # dyadic: c / 2**24, c integer
         return None
-    ni = n.astype(np.intp)
-    starts = np.zeros(n.size, dtype=np.intp)
-    np.cumsum(ni[:-1], out=starts[1:])
-    sums = np.add.reduceat(counts, starts, dtype=np.uint64)
-    if sums.min() != TOTAL or sums.max() != TOTAL:
+    if np.add.reduceat(counts, starts, dtype=np.uint64).tobytes() != sums_ok:
         return None
     ids = np.frombuffer(body, dtype="<i4", count=total, offset=table_end + 4 * total)
     uids = ids.view("<u4")
-    vocab = limits.vocab_size
     if int(uids.max()) >= vocab:
         return None
     if total > 1:
         d = ids[1:] - ids[:-1]
-        d[starts[1:] - 1] = 1
-        if d.min() <= 0:
+        d[bounds] = 1
+        if d.min() <= 0:                               # strictly ascending in each row
             return None
-    sampled = rows["sampled"]
-    if int(sampled.view("<u4").max()) >= vocab:
-        return None
-    base = pos[1]
-    keyed = ids + np.repeat(base, ni)
-    want = base + sampled
+    keyed = rowbase + ids
+    want = base + rows["sampled"]
     at = np.searchsorted(keyed, want)
     np.minimum(at, total - 1, out=at)
-    if (keyed[at] != want).any():
+    if keyed[at].tobytes() != want.tobytes():          # q(sampled) > 0
         return None
-    chk = np.add.reduceat(counts * (uids * np.uint32(2) + np.uint32(1)), starts,
-                          dtype=np.uint32)
-    if (chk != rows["checksum"]).any():
+    chk = np.add.reduceat(counts * (uids + uids + np.uint32(1)), starts, dtype=np.uint32)
+    if chk.tobytes() != rows["checksum"].tobytes():
         return None
     shape = (n_slots, depth)
     return Reply._trusted(session=session, generation=gen, round=rnd, attempt=attempt,
-                          context_version=ctx, slots=slots, sampled=sampled.reshape(shape),
-                          representation=rep.reshape(shape), n_entries=n.reshape(shape),
+                          context_version=ctx, slots=tuple(slots),
+                          sampled=rows["sampled"].reshape(shape),
+                          representation=rows["repr"].reshape(shape),
+                          n_entries=rows["n"].reshape(shape),
                           checksums=rows["checksum"].reshape(shape), values=vals, ids=ids,
                           vocab_size=vocab)
 
