@@ -117,18 +117,23 @@ def step_digest(step):
     return zlib.crc32(step_body(step))
 
 
+_TABLES = {}
+
+
 def _reply_body(m):
     n_slots, depth = m.sampled.shape
-    rows = np.empty(n_slots * depth, dtype=ROW_DTYPE)
-    rows["slot"] = np.repeat(np.asarray(m.slots, dtype=np.uint16), depth)
-    rows["position"] = np.tile(np.arange(depth, dtype=np.uint8), n_slots)
-    rows["repr"] = m.representation.ravel()
-    rows["sampled"] = m.sampled.ravel()
-    rows["n"] = m.n_entries.ravel()
-    rows["checksum"] = m.checksums.ravel()
+    n_rows = n_slots * depth
+    st = _TABLES.get(n_rows)
+    if st is None:
+        st = _TABLES[n_rows] = struct.Struct("<" + "HBBiII" * n_rows)
+    slots = m.slots
+    flat = []
+    for r, row in enumerate(zip(m.representation.ravel().tolist(), m.sampled.ravel().tolist(),
+                                m.n_entries.ravel().tolist(), m.checksums.ravel().tolist())):
+        flat += (slots[r // depth], r % depth) + row
     head = REPLY.pack(m.generation, m.round, m.attempt, depth, n_slots, 0, m.context_version,
                       m.values.size, m.ids.size, 0)
-    return b"".join((head, rows.tobytes(), m.values.astype("<f4", copy=False).tobytes(),
+    return b"".join((head, st.pack(*flat), m.values.astype("<f4", copy=False).tobytes(),
                      m.ids.astype("<i4", copy=False).tobytes()))
 
 
