@@ -6,6 +6,14 @@ from . import _arrays, _backend, _spec, _status, _validate
 from ._types import Dyadic, Keys, Verdict
 
 
+def _on_device(backend, x):
+    """GPU hook: GPU arrays with backend "cuda"/"numba" take dyadic/_device.py.
+
+    ``check`` and ``out`` (all primitives) apply to that path: see its docstring.
+    """
+    return backend in ("cuda", "numba") and _arrays.is_gpu_array(x)
+
+
 def _alloc_outputs(batch, v, width):
     counts = np.empty((batch, width if width else v), dtype=np.uint32)
     ids = np.empty((batch, width), dtype=np.int32) if width else None
@@ -28,7 +36,7 @@ def _row_label(batch_shape):
 
 
 def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy="standard",
-             backend="cpu"):
+             backend="cpu", check=True, out=None):
     """Integer ticket counts c_v >= 0 with sum exactly 2**24 per row.
 
     Parameters
@@ -73,6 +81,10 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     >>> q.counts.tolist()
     [[8388608, 4194304, 4194304]]
     """
+    if _on_device(backend, x):  # GPU path (dyadic/_device.py)
+        from . import _device
+        return _device.allocate(x, logits=logits, temperature=temperature, bias=bias,
+                                top_k=top_k, policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(x)
@@ -100,7 +112,7 @@ def _keys_for(keys, batch, extra=0):
     return keys.broadcast(batch, position_extra=extra)
 
 
-def draw(q, keys, *, backend="cpu"):
+def draw(q, keys, *, backend="cpu", check=True, out=None):
     """Draw one token per row of ``q``.
 
     r = (word 0 of Philox(counter(PROPOSAL, position, draw index 0))) >> 8 is a
@@ -116,6 +128,9 @@ def draw(q, keys, *, backend="cpu"):
     """
     if not isinstance(q, Dyadic):
         raise TypeError(f"q: expected a dyadic.Dyadic, got {type(q).__name__}")
+    if _on_device(backend, q.counts):  # GPU path (dyadic/_device.py)
+        from . import _device
+        return _device.draw(q, keys, backend=backend, check=check, out=out)
     be = _backend.get(backend)
     counts, ids = q._numpy()
     batch = int(np.prod(q.batch_shape, dtype=np.int64))
@@ -129,7 +144,7 @@ def draw(q, keys, *, backend="cpu"):
 
 
 def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="standard",
-            backend="cpu"):
+            backend="cpu", check=True, out=None):
     """Allocate q from logits and draw a token from it, in one call.
 
     Parameters
@@ -146,6 +161,10 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     -------
     (tokens int32 [B], q Dyadic [B])
     """
+    if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
+        from . import _device
+        return _device.propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
+                               policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(logits)
@@ -166,7 +185,7 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     return _arrays.output(tokens, kind), q
 
 
-def verify(target, draft, q, keys, *, greedy=None, backend="cpu"):
+def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None):
     """Standard speculative verification of a fixed-depth draft chain.
 
     Leviathan et al. 2023, algorithm 1, in exact integers: draft d_i is
@@ -195,6 +214,10 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu"):
     -------
     Verdict(accepted int32 [B], tokens int32 [B, k+1]).
     """
+    if _on_device(backend, target):  # GPU path (dyadic/_device.py)
+        from . import _device
+        return _device.verify(target, draft, q, keys, greedy=greedy, backend=backend,
+                              check=check, out=out)
     be = _backend.get(backend)
     kind = _arrays.kind_of(target)
     t, d, g, batch, k, v = _validate.verify_inputs(target, draft, q, greedy)
