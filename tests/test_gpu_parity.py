@@ -189,3 +189,114 @@ def test_errors_same(cuda, top_k):
             dyadic.verify(p, d, None, dyadic.Keys(1), backend=backend)
         msgs.append(str(e.value))
     assert msgs[0] == msgs[1]
+
+
+# ---------------------------------------------------------------- device path
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return torch
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("top_k", [None, 32])
+def test_device_propose_verify(cuda, dtype, top_k):
+    torch = _torch_cuda()
+    rng = np.random.default_rng(21)
+    b, v, k = 4, 32000, 5
+    x = torch.from_numpy(_logits(rng, b, v)).to(getattr(torch, dtype))
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=17)
+    t1, q1 = dyadic.propose(x.cuda(), keys, top_k=top_k, backend=cuda)
+    t2, q2 = dyadic.propose(x, keys, top_k=top_k, backend="cpu")
+    assert t1.is_cuda and q1.counts.is_cuda
+    _eq(t1.cpu().numpy(), t2.numpy())
+    _eq(q1.counts.cpu().numpy(), q2.counts.numpy())
+    p = _target(rng, b, k + 1, v)
+    draft = rng.integers(0, v, size=(b, k)).astype(np.int32)
+    r1 = dyadic.verify(torch.from_numpy(p).cuda(), torch.from_numpy(draft).cuda(), None, keys,
+                       backend=cuda)
+    r2 = dyadic.verify(p, draft, None, keys, backend="cpu")
+    _eq(r1.accepted.cpu().numpy(), r2.accepted)
+    _eq(r1.tokens.cpu().numpy(), r2.tokens)
+
+
+def test_device_check_false_fail_closed(cuda):
+    torch = _torch_cuda()
+    from dyadic import _status
+    rng = np.random.default_rng(5)
+    x = _logits(rng, 3, 500)
+    x[1, 10] = np.nan
+    xs = torch.from_numpy(x).cuda()
+    keys = dyadic.Keys(seed=3)
+    with pytest.raises(ValueError) as e1:
+        dyadic.propose(xs, keys, backend=cuda)
+    with pytest.raises(ValueError) as e2:
+        dyadic.propose(x, keys, backend="reference")
+    assert str(e1.value) == str(e2.value)
+    st = torch.empty(3, dtype=torch.int32, device="cuda")
+    tok, q = dyadic.propose(xs, keys, backend=cuda, check=False, out={"status": st})
+    assert st.cpu().tolist() == [0, _status.X_NAN, 0]
+    assert tok[1].item() == -1
+    good = dyadic.propose(x[[0, 2]], dyadic.Keys(seed=3), backend="reference")[0]
+    assert tok[[0, 2]].cpu().tolist() == list(good)
+    p = _target(rng, 3, 3, 500)
+    p[2, 1, :] *= 3
+    r = dyadic.verify(torch.from_numpy(p).cuda(), torch.zeros(3, 2, dtype=torch.int32, device="cuda"),
+                      None, keys, backend=cuda, check=False)
+    assert r.status.cpu().tolist() == [0, 0, _status.TARGET_SUM]
+    assert r.tokens[2].cpu().tolist() == [-1, -1, -1]
+
+
+def test_cuda_graph_replay(cuda):
+    torch = _torch_cuda()
+    rng = np.random.default_rng(9)
+    b, v, k = 4, 129280, 5
+    dev = "cuda"
+    x = torch.zeros(b, v, dtype=torch.bfloat16, device=dev)
+    seed = torch.zeros(b, dtype=torch.int64, device=dev)
+    pos = torch.zeros(b, dtype=torch.int32, device=dev)
+    keys = dyadic.Keys(seed=seed, generation=torch.zeros(b, dtype=torch.int32, device=dev),
+                       round=torch.zeros(b, dtype=torch.int32, device=dev), position=pos)
+    out = {"tokens": torch.empty(b, dtype=torch.int32, device=dev),
+           "counts": torch.empty(b, 32, dtype=torch.uint32, device=dev),
+           "ids": torch.empty(b, 32, dtype=torch.int32, device=dev),
+           "status": torch.empty(b, dtype=torch.int32, device=dev)}
+    tgt = torch.zeros(b, k + 1, v, dtype=torch.float32, device=dev)
+    draft = torch.zeros(b, k, dtype=torch.int32, device=dev)
+    vout = {"accepted": torch.empty(b, dtype=torch.int32, device=dev),
+            "tokens": torch.empty(b, k + 1, dtype=torch.int32, device=dev),
+            "status": torch.empty(b, dtype=torch.int32, device=dev)}
+
+    def fill():
+        x.copy_(torch.from_numpy(_logits(rng, b, v)).to(torch.bfloat16))
+        seed.copy_(torch.from_numpy(rng.integers(0, 2**62, size=b)))
+        pos.copy_(torch.from_numpy(rng.integers(0, 2**30, size=b).astype(np.int32)))
+        tgt.copy_(torch.from_numpy(_target(rng, b, k + 1, v)))
+        draft.copy_(torch.from_numpy(rng.integers(0, v, size=(b, k)).astype(np.int32)))
+
+    def step():
+        dyadic.propose(x, keys, top_k=32, backend=cuda, check=False, out=out)
+        dyadic.verify(tgt, draft, None, keys, backend=cuda, check=False, out=vout)
+
+    fill()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(3):
+        fill()
+        g.replay()
+        torch.cuda.synchronize()
+        hk = dyadic.Keys(seed=seed.cpu().numpy().astype(np.uint64), position=pos.cpu().numpy())
+        xf = x.cpu()
+        t2, q2 = dyadic.propose(xf, hk, top_k=32, backend="cpu")
+        _eq(out["tokens"].cpu().numpy(), t2.numpy())
+        _eq(out["counts"].cpu().numpy(), q2.counts.numpy())
+        r2 = dyadic.verify(tgt.cpu().numpy(), draft.cpu().numpy(), None, hk, backend="cpu")
+        _eq(vout["tokens"].cpu().numpy(), r2.tokens)
+        _eq(vout["accepted"].cpu().numpy(), r2.accepted)
