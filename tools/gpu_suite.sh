@@ -31,5 +31,7 @@ PY
     timeout ${BENCH_TIMEOUT:-300} python3 -m dyadic.bench --no-cpu --vocab 129280 --batch 1,4,64 \
         --backends ${BENCH_BACKENDS:-cuda} --out "$OUT/bench" --no-plot 2>&1 | tail -60
     echo "bench exit: $?"
+    echo "== gpu_bench (graph replay)"
+    timeout ${GB_TIMEOUT:-200} python3 tools/gpu_bench.py --out "$OUT" 2>&1 | tail -20
   fi
 } 2>&1 | tee "$LOG"

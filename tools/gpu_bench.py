@@ -1,0 +1,121 @@
+"""CUDA-graph replay timings of backend="cuda" vs plain PyTorch (H200 targets, issue 4).
+
+python tools/gpu_bench.py [--out DIR]   -> prints a Markdown table, writes gpu_bench.json
+Medians of per-replay CUDA-event times; inputs p = softmax(3z), V = 129280.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import dyadic
+
+V = 129280
+
+
+def graph_time(fn, reps=200):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(); fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(10):
+        g.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record(); g.replay(); b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
+
+
+def eager_host(fn, reps=200):
+    fn(); torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    for B in (1, 4, 64):
+        z = torch.randn(B, V, device=dev, generator=g)
+        logits = (3 * z).to(torch.bfloat16)
+        seed = torch.arange(B, dtype=torch.int64, device=dev)
+        i32 = lambda: torch.zeros(B, dtype=torch.int32, device=dev)
+        keys = dyadic.Keys(seed=seed, generation=i32(), round=i32(), position=i32())
+        out = {"tokens": torch.empty(B, dtype=torch.int32, device=dev),
+               "counts": torch.empty(B, 32, dtype=torch.uint32, device=dev),
+               "ids": torch.empty(B, 32, dtype=torch.int32, device=dev),
+               "status": torch.empty(B, dtype=torch.int32, device=dev)}
+        prop = lambda: dyadic.propose(logits, keys, top_k=32, temperature=0.7, backend="cuda",
+                                      check=False, out=out)
+
+        def torch_prop():
+            v, i = torch.topk(logits, 32, dim=-1)
+            pr = torch.softmax(v.float() / 0.7, -1)
+            j = torch.multinomial(pr, 1)
+            return i.gather(-1, j)
+        k = 5
+        p = torch.softmax(3 * torch.randn(B, k + 1, V, device=dev, generator=g), -1)
+        qd = torch.softmax(3 * z[:, None, :].expand(B, k, V) + 0.5 * torch.randn(B, k, V, device=dev, generator=g), -1)
+        qdy = dyadic.allocate(qd, backend="cuda")
+        qsp = dyadic.allocate(qd, top_k=32, backend="cuda")
+        draft = torch.multinomial(qd.reshape(-1, V), 1).reshape(B, k).to(torch.int32)
+        dsp = torch.gather(qsp.ids, -1, torch.zeros(B, k, 1, dtype=torch.int64, device=dev)).reshape(B, k)
+        vout = {"accepted": torch.empty(B, dtype=torch.int32, device=dev),
+                "tokens": torch.empty(B, k + 1, dtype=torch.int32, device=dev),
+                "status": torch.empty(B, dtype=torch.int32, device=dev)}
+        ver = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check=False, out=vout)
+        ver_sp = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check=False, out=vout)
+
+        def torch_ver():
+            pd = p[:, :k].gather(-1, draft[..., None].long())[..., 0]
+            qq = qd.gather(-1, draft[..., None].long())[..., 0]
+            u = torch.rand(B, k, device=dev)
+            acc = (u * qq < pd).int().cumprod(-1).sum(-1)
+            res = torch.clamp(p[:, :k] - qd, min=0)
+            e = torch.empty_like(res).exponential_()
+            return acc, (res / e).argmax(-1)
+        cnt = torch.empty(B, V, dtype=torch.uint32, device=dev)
+        st = torch.empty(B, dtype=torch.int32, device=dev)
+        pr32 = torch.softmax(3 * z, -1)
+        alloc = lambda: dyadic.allocate(pr32, backend="cuda", check=False,
+                                        out={"counts": cnt, "status": st})
+        r = {"B": B}
+        for name, fn in (("propose_top32_bf16", prop), ("torch_top32_proposal", torch_prop),
+                         ("verify_k5_dense", ver), ("verify_k5_top32", ver_sp),
+                         ("torch_verify_k5_dense", torch_ver), ("allocate_dense_f32", alloc)):
+            try:
+                r[name] = round(graph_time(fn), 1)
+            except Exception as e:  # noqa: BLE001
+                r[name] = f"error: {type(e).__name__}: {e}"[:120]
+        r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
+        r["eager_host_propose_us"] = round(eager_host(prop), 1)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "gpu_bench.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    cols = list(rows[0])
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
