@@ -202,12 +202,12 @@ def uniform_below(nh, nl, seed, gen, rnd, pos, domain, start):
 
 @cuda.jit(device=True)
 def exp2_neg_q62(f):
-    e = EXP_TAB[0, int((f >> U(24)) & U255)]
-    h, l = mul64(e, EXP_TAB[1, int((f >> U(16)) & U255)])
+    e = EXP_TAB[0, np.int64((f >> U(24)) & U255)]
+    h, l = mul64(e, EXP_TAB[1, np.int64((f >> U(16)) & U255)])
     e = (h << U2) | (l >> U62)
-    h, l = mul64(e, EXP_TAB[2, int((f >> U8) & U255)])
+    h, l = mul64(e, EXP_TAB[2, np.int64((f >> U8) & U255)])
     e = (h << U2) | (l >> U62)
-    h, l = mul64(e, EXP_TAB[3, int(f & U255)])
+    h, l = mul64(e, EXP_TAB[3, np.int64(f & U255)])
     e = (h << U2) | (l >> U62)
     return e
 
@@ -252,7 +252,7 @@ def f64_key(z):
 @cuda.jit(device=True)
 def f32_mant_exp(mag):
     """(mantissa uint64, exponent int) of a float32 magnitude bit pattern."""
-    ex = int((mag >> U23) & U255)
+    ex = np.int64((mag >> U23) & U255)
     m = mag & F32_MANT
     if ex == 0:
         return m, -149
@@ -412,7 +412,7 @@ def radix_select(keys, b, n, k, sh_hist, sh_misc, tid, tpb):
         for v in range(tid, n, tpb):
             key = keys[b, v]
             if (key & mask) == prefix:
-                cuda.atomic.add(sh_hist, int((key >> shift) & U255), 1)
+                cuda.atomic.add(sh_hist, np.int64((key >> shift) & U255), 1)
         cuda.syncthreads()
         if tid == 0:
             cum = 0

@@ -196,7 +196,7 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
     remaining = TOTAL - bl
     if remaining > U0:
         if policy == 0:
-            thr, take = radix_select(KEY, b, n, int(remaining), sh_hist, sh_misc, tid, tpb)
+            thr, take = radix_select(KEY, b, n, np.int64(remaining), sh_hist, sh_misc, tid, tpb)
             apply_select(KEY, CNT, b, n, thr, take, 1, sh_h, sh_l, tid, tpb)
         else:
             if tid == 0:
@@ -224,14 +224,14 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
                 nnz += U1
         _, off = block_exscan128(U0, nnz, sh_h, sh_l, tid, tpb)
         _, total_nnz = block_sum128(U0, nnz, sh_h, sh_l, tid, tpb)
-        j = int(off)
+        j = np.int64(off)
         for v in range(lo, hi):
             c = CNT[b, v]
             if c > U0:
                 ids[b, j] = v
                 counts[b, j] = c
                 j += 1
-        for j in range(int(total_nnz) + tid, width, tpb):
+        for j in range(np.int64(total_nnz) + tid, width, tpb):
             ids[b, j] = PAD_ID
             counts[b, j] = 0
     else:
