@@ -206,7 +206,7 @@ def _row_status(z):
 
 
 def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, temperature=1.0,
-            bias=None, top_k=32, policy="standard", backend="cpu", check=True):
+            bias=None, top_k=32, policy="standard", check=True):
     """Sharded ``dyadic.propose``: identical tokens and q on every rank.
 
     Parameters
@@ -218,8 +218,9 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     bias : this rank's slice of the bias ([n] or [B, n]), or None.
     vocab_offset, vocab_size : the slice's first global id and the full V.
     group : torch.distributed process group (default: the default group).
-    backend : accepted for signature parity; the local math is vectorised NumPy
-        plus the reference's row helpers on the merged candidates.
+    The local math is vectorised NumPy on the host plus the reference's row
+    helpers on the merged candidates (there is no ``backend`` argument: no
+    backend kernel runs here, whatever the tensors' device).
     check : all-reduce the sampled tokens and fail if ranks disagree.
 
     Returns
@@ -228,7 +229,6 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     (``top_k`` given), or this rank's ``DyadicShard`` of the dense q.
     ``dyadic.distributed.last_exchange`` records the bytes sent.
     """
-    del backend
     comm = Comm(group)
     err, prep = None, None
     try:
@@ -543,7 +543,7 @@ def _q_at(qkind, qc, qi, b, i, d):
 
 
 def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None, greedy=None,
-           backend="cpu", check=True):
+           check=True):
     """Sharded ``dyadic.verify``: the same ``Verdict`` on every rank.
 
     Parameters
@@ -557,7 +557,6 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
         (point-mass q).
     keys, greedy : as in ``dyadic.verify`` (identical on every rank; checked).
     """
-    del backend
     comm = Comm(group)
     err, prep = None, None
     try:
