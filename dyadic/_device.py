@@ -102,7 +102,17 @@ def _temperature(temperature, batch, device, allow_zero, check):
             _validate.temperature(t.cpu().numpy(), batch, allow_zero=allow_zero)
         return t.expand(batch).contiguous()
     host = _validate.temperature(temperature, batch, allow_zero=allow_zero)
-    return torch.from_numpy(host).to(device, non_blocking=True)
+    if np.ndim(temperature) == 0:  # cached per value: no copy, so graph capture works
+        key = (str(device), batch, float(host[0]) if batch else 0.0)
+        t = _TEMP_CACHE.get(key)
+        if t is None:
+            t = torch.from_numpy(host.copy()).to(device)
+            _TEMP_CACHE[key] = t
+        return t
+    return torch.from_numpy(host.copy()).to(device)
+
+
+_TEMP_CACHE = {}
 
 
 def _keys(keys, batch, device, check, extra=0):
