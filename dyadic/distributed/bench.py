@@ -1,10 +1,12 @@
 """Time per position and bytes exchanged: sharded (gloo, N ranks) vs unsharded.
 
     python -m dyadic.distributed.bench [--world 2 4] [--vocab 129280] [--batch 8]
+    python -m dyadic.distributed.bench --dist nccl --world 2   # one process per GPU
 
-Each rank is a spawned process on 127.0.0.1; the unsharded baseline is
-``dyadic.propose`` / ``dyadic.verify`` (backend ``cpu`` if available) on the
-full vocabulary in one process.  Times are medians per call divided by the
+Each rank is a spawned process on 127.0.0.1 (gloo: CPU tensors; nccl: rank r
+on cuda:r with its shard as a CUDA tensor); the unsharded baseline is
+``dyadic.propose`` / ``dyadic.verify`` on the full vocabulary in one process
+(backend ``cpu``, and with ``--dist nccl`` also ``cuda`` on one GPU).  Times are medians per call divided by the
 positions in the call (B for propose, B * (k+1) for verify).
 """
 
@@ -39,6 +41,17 @@ def _time(fn, reps):
     return statistics.median(ts)
 
 
+def _synced(fn, dist_backend):
+    if dist_backend != "nccl":
+        return fn
+    import torch
+
+    def run():
+        fn()
+        torch.cuda.synchronize()
+    return run
+
+
 def _cases(v, b, k):
     return [("propose top_k=32", "propose", dict(top_k=32), b),
             ("propose dense standard", "propose", dict(top_k=None), b),
@@ -46,7 +59,7 @@ def _cases(v, b, k):
             ("verify k=5 sparse q", "verify", {}, b * (k + 1))]
 
 
-def _worker(rank, world, port, v, b, k, reps, queue):
+def _worker(rank, world, port, v, b, k, reps, queue, dist_backend="gloo"):
     import torch
     import torch.distributed as dist
 
@@ -54,21 +67,27 @@ def _worker(rank, world, port, v, b, k, reps, queue):
     import dyadic.distributed as dd
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    if dist_backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(dist_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     logits, target, draft, q = _inputs(v, b, k)
+    if dist_backend == "nccl":
+        logits, target = torch.from_numpy(logits).cuda(), torch.from_numpy(target).cuda()
     lo, hi = v * rank // world, v * (rank + 1) // world
     keys = dyadic.Keys(seed=11, position=7)
     out = []
     for name, op, kw, positions in _cases(v, b, k):
         if op == "propose":
-            x = np.ascontiguousarray(logits[:, lo:hi])
+            x = logits[:, lo:hi].contiguous() if dist_backend == "nccl" else \
+                np.ascontiguousarray(logits[:, lo:hi])
             fn = lambda: dd.propose(x, keys, vocab_offset=lo, vocab_size=v, **kw)  # noqa: E731
         else:
-            t = np.ascontiguousarray(target[..., lo:hi])
+            t = target[..., lo:hi].contiguous() if dist_backend == "nccl" else \
+                np.ascontiguousarray(target[..., lo:hi])
             fn = lambda: dd.verify(t, draft, q, keys, vocab_offset=lo, vocab_size=v)  # noqa: E731
         dist.barrier()
-        sec = _time(fn, reps)
+        sec = _time(_synced(fn, dist_backend), reps)
         st = dd.last_exchange
         out.append((name, sec / positions, st.bytes_sent / positions, st.collectives))
     queue.put((rank, out))
@@ -86,20 +105,31 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dist", choices=["gloo", "nccl"], default="gloo",
+                    help="torch.distributed backend (nccl: one process per GPU)")
     a = ap.parse_args(argv)
     v, b, k = a.vocab, a.batch, a.k
-    backend = "cpu" if "cpu" in dyadic.available_backends() else "reference"
+    avail = dyadic.available_backends()
+    baselines = ["cpu" if "cpu" in avail else "reference"]
+    if a.dist == "nccl" and "cuda" in avail:
+        baselines.append("cuda")
     logits, target, draft, q = _inputs(v, b, k)
     keys = dyadic.Keys(seed=11, position=7)
-    print(f"V={v} B={b} k={k}; unsharded backend={backend}; times are per position")
-    print(f"{'case':28s} {'ranks':>5s} {'us/pos':>10s} {'B sent/rank/pos':>16s} {'collectives':>11s}")
-    for name, op, kw, positions in _cases(v, b, k):
-        if op == "propose":
-            fn = lambda: dyadic.propose(logits, keys, backend=backend, **kw)  # noqa: E731
-        else:
-            fn = lambda: dyadic.verify(target, draft, q, keys, backend=backend)  # noqa: E731
-        print(f"{name:28s} {'1':>5s} {1e6 * _time(fn, a.reps) / positions:10.1f} "
-              f"{'0':>16s} {'0':>11s}")
+    print(f"V={v} B={b} k={k}; dist={a.dist}; times are per position (median of {a.reps})")
+    print(f"{'case':28s} {'ranks':>12s} {'us/pos':>10s} {'B sent/rank/pos':>16s} {'collectives':>11s}")
+    for base in baselines:
+        lg, tg = logits, target
+        if base == "cuda":
+            import torch
+            lg, tg = torch.from_numpy(logits).cuda(), torch.from_numpy(target).cuda()
+        for name, op, kw, positions in _cases(v, b, k):
+            if op == "propose":
+                fn = lambda: dyadic.propose(lg, keys, backend=base, **kw)  # noqa: E731
+            else:
+                fn = lambda: dyadic.verify(tg, draft, q, keys, backend=base)  # noqa: E731
+            fn = _synced(fn, "nccl" if base == "cuda" else "gloo")
+            print(f"{name:28s} {'1 (' + base + ')':>12s} {1e6 * _time(fn, a.reps) / positions:10.1f} "
+                  f"{'0':>16s} {'0':>11s}")
     ctx = mp.get_context("spawn")
     for world in a.world:
         queue = ctx.Queue()
@@ -107,7 +137,7 @@ def main(argv=None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, v, b, k, a.reps, queue))
+        procs = [ctx.Process(target=_worker, args=(r, world, port, v, b, k, a.reps, queue, a.dist))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -117,7 +147,8 @@ def main(argv=None):
         for i, (name, _, _, _) in enumerate(_cases(v, b, k)):
             sec = max(res[r][i][1] for r in res)
             byt = res[0][i][2]
-            print(f"{name:28s} {world:5d} {1e6 * sec:10.1f} {byt:16.1f} {res[0][i][3]:11d}")
+            print(f"{name:28s} {str(world) + ' ' + a.dist:>12s} {1e6 * sec:10.1f} {byt:16.1f} "
+                  f"{res[0][i][3]:11d}")
 
 
 if __name__ == "__main__":
