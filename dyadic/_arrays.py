@@ -27,6 +27,33 @@ def kind_of(x):
     return "torch" if is_torch(x) else "numpy"
 
 
+def to_host(x):
+    """A NumPy copy of a device array (torch CUDA, CuPy, CAI); NumPy/torch CPU as is.
+
+    Used where a small or explicitly host-side step (validation of a
+    user-built ``Dyadic``, ``to_dense``, ``probs``, ``stack``) meets device
+    data; it synchronises.  The hot paths never call it.
+    """
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    if hasattr(x, "__cuda_array_interface__"):
+        if hasattr(x, "get"):  # CuPy
+            return x.get()
+        import numba.cuda  # any other CAI producer
+        return numba.cuda.as_cuda_array(x).copy_to_host()
+    return x
+
+
+def like(array, original):
+    """NumPy ``array`` as the kind and device of ``original`` (torch, CuPy, NumPy)."""
+    if is_torch(original):
+        t = sys.modules["torch"].from_numpy(np.ascontiguousarray(array))
+        return t if original.device.type == "cpu" else t.to(original.device)
+    if hasattr(original, "__cuda_array_interface__") and "cupy" in sys.modules:
+        return sys.modules["cupy"].asarray(array)
+    return array
+
+
 def float_to_numpy(x, name):
     """A float array as NumPy float32 (exact for float16 / bfloat16 inputs)."""
     if is_torch(x):
@@ -51,7 +78,10 @@ def float_to_numpy(x, name):
                     f"or bfloat16 (convert explicitly: dyadic never rounds inputs)")
 
 
-def int_to_numpy(x, name):
+def int_to_numpy(x, name, *, host_copy=False):
+    """An integer array as NumPy; device arrays raise unless ``host_copy``."""
+    if host_copy and is_gpu_array(x):
+        x = to_host(x)
     if is_torch(x):
         if x.device.type != "cpu":
             raise TypeError(f"{name}: a {x.device.type} tensor needs a GPU backend")

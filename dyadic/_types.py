@@ -167,31 +167,34 @@ class Dyadic:
         return (f"Dyadic(batch_shape={self.batch_shape}, vocab_size={self.vocab_size}, "
                 f"{kind}, {self.semantic_id})")
 
-    def _numpy(self):
-        c = _arrays.int_to_numpy(self._counts, "q.counts")
-        i = None if self._ids is None else _arrays.int_to_numpy(self._ids, "q.ids")
+    def _numpy(self, host_copy=False):
+        c = _arrays.int_to_numpy(self._counts, "q.counts", host_copy=host_copy)
+        i = None if self._ids is None else _arrays.int_to_numpy(self._ids, "q.ids",
+                                                                  host_copy=host_copy)
         return c, i
 
     def to_dense(self):
         """The same distribution with dense counts [..., V] (uint32)."""
         if not self.is_sparse:
             return self
-        counts, ids = self._numpy()
+        counts, ids = self._numpy(host_copy=True)
         rows = counts.reshape(-1, self.width)
         rid = ids.reshape(-1, self.width)
         dense = np.zeros((rows.shape[0], self.vocab_size), dtype=np.uint32)
         r, j = np.nonzero(rid >= 0)
         dense[r, rid[r, j]] = rows[r, j]
         dense = dense.reshape(self.batch_shape + (self.vocab_size,))
-        kind = _arrays.kind_of(self._counts)
-        return Dyadic(_arrays.output(dense, kind), None, vocab_size=self.vocab_size,
+        return Dyadic(_arrays.like(dense, self._counts), None, vocab_size=self.vocab_size,
                       policy=self._policy, _trusted=True)
 
     def probs(self):
-        """float32 values counts / 2**24 (exact), aligned with ``counts``."""
-        counts, _ = self._numpy()
+        """float32 values counts / 2**24 (exact), aligned with ``counts``.
+
+        Same array kind and device as ``counts`` (device arrays go through a
+        host copy)."""
+        counts, _ = self._numpy(host_copy=True)
         out = (counts.astype(np.float32) * np.float32(1.0 / _spec.TOTAL)).astype(np.float32)
-        return _arrays.output(out, _arrays.kind_of(self._counts))
+        return _arrays.like(out, self._counts)
 
     def __getitem__(self, index):
         """Rows of the batch (the last axis is never indexed)."""
@@ -226,11 +229,11 @@ def stack(qs, axis=0):
     if not -nd <= axis < nd:
         raise ValueError(f"axis: {axis} out of range for {nd} batch axes")
     axis %= nd
-    kind = _arrays.kind_of(first.counts)
-    parts = [q._numpy() for q in qs]
+    parts = [q._numpy(host_copy=True) for q in qs]
     counts = np.stack([c for c, _ in parts], axis=axis)
     ids = None if not first.is_sparse else np.stack([i for _, i in parts], axis=axis)
-    return Dyadic(_arrays.output(counts, kind), None if ids is None else _arrays.output(ids, kind),
+    orig = first.counts
+    return Dyadic(_arrays.like(counts, orig), None if ids is None else _arrays.like(ids, orig),
                   vocab_size=first.vocab_size, policy=first.policy, _trusted=True)
 
 

@@ -79,8 +79,8 @@ def dyadic_parts(counts, ids, vocab_size, policy_name):
     if policy_name not in _spec.SEMANTIC_IDS and policy_name != "external":
         raise ValueError(f"policy: unknown policy {policy_name!r}; expected 'standard', "
                          f"'floor-first' or 'external'")
-    kind = _arrays.kind_of(counts)
-    c = _arrays.int_to_numpy(counts, "counts")
+    keep = _arrays.is_torch(counts) or _arrays.is_gpu_array(counts)
+    c = _arrays.int_to_numpy(counts, "counts", host_copy=True)
     if c.ndim < 1:
         raise ValueError("counts: expected shape [..., W]")
     if c.dtype != np.uint32:
@@ -95,7 +95,7 @@ def dyadic_parts(counts, ids, vocab_size, policy_name):
         vocab(vocab_size, "vocab_size")
         i = None
     else:
-        i = _arrays.int_to_numpy(ids, "ids")
+        i = _arrays.int_to_numpy(ids, "ids", host_copy=True)
         if i.dtype != np.int32:
             raise TypeError(f"ids: dtype {i.dtype}; expected int32")
         if i.shape != c.shape:
@@ -119,7 +119,8 @@ def dyadic_parts(counts, ids, vocab_size, policy_name):
                                                  "(no duplicates)")
     sums = rows.astype(np.uint64).sum(axis=1)
     _first_bad(sums != _spec.TOTAL, "counts", "counts must sum to exactly 2**24")
-    return (counts if kind == "torch" else c), (ids if i is None or kind == "torch" else i), vocab_size
+    # torch / device arrays are kept as given (validated through a host copy)
+    return (counts if keep else c), (ids if i is None or keep else i), vocab_size
 
 
 def _first_bad(mask, name, rule):
