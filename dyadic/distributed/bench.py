@@ -128,8 +128,11 @@ def main(argv=None):
             else:
                 fn = lambda: dyadic.verify(tg, draft, q, keys, backend=base)  # noqa: E731
             fn = _synced(fn, "nccl" if base == "cuda" else "gloo")
-            print(f"{name:28s} {'1 (' + base + ')':>12s} {1e6 * _time(fn, a.reps) / positions:10.1f} "
-                  f"{'0':>16s} {'0':>11s}")
+            try:
+                us = f"{1e6 * _time(fn, a.reps) / positions:10.1f}"
+            except Exception as exc:  # noqa: BLE001 - a baseline failure must not hide the rest
+                us = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+            print(f"{name:28s} {'1 (' + base + ')':>12s} {us} {'0':>16s} {'0':>11s}")
     ctx = mp.get_context("spawn")
     for world in a.world:
         queue = ctx.Queue()
