@@ -19,9 +19,17 @@ Launch structure:
   the candidates, allocates and draws.  No block waits for another.
 - dense allocate / propose: one block per row (block reductions, radix
   select of the remainders); scratch u64 [B, V].
-- verify: partial sums per (row, tile); one warp per request for the totals,
-  the status and the acceptance chain; one block per request for the single
-  residual (or bonus) draw that request needs.
+- verify: partial sums per (row, tile) reading every target row once; one
+  warp per request for the totals, the status and the acceptance chain
+  (``dy_accept``); the single residual (or bonus) draw per request is spread
+  over many blocks: per-tile 128-bit residual sums, then one block per request
+  draws X below the total, finds the tile by a prefix over the tile sums and
+  the first-exceeding id inside that tile.
+
+The scalar integer work (128-bit arithmetic, Philox, uniform_below, weights,
+target fixed point, acceptance split, residual, status codes) is the shared
+core ``backends/include/dyadic_core.h``, the same source as the CPU backend;
+``dyadic_cuda.cuh`` holds only the parallel primitives.
 
 Scratch buffers are shared by the calls on one device: do not run two dyadic
 calls concurrently on different streams of the same device.
@@ -34,9 +42,11 @@ import numpy as np
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TILE = 2048
 _VTILE = 4096
+_RTILE = 4096
 _MAX_K_VERIFY = 63
 
 _MODULES = {}
+_FUNCS = {}
 _SCRATCH = {}
 
 
@@ -46,7 +56,12 @@ def _cupy():
 
 
 def _include_dir():
-    return os.path.join(os.path.dirname(_HERE), "include")
+    """dyadic.backends.INCLUDE_DIR: the shared integer core (dyadic_core.h)."""
+    try:
+        from .. import INCLUDE_DIR
+        return INCLUDE_DIR
+    except ImportError:  # loaded outside the package
+        return os.path.join(os.path.dirname(_HERE), "include")
 
 
 def _source():
@@ -54,10 +69,15 @@ def _source():
         return f.read()
 
 
-def module():
+def _device_id():
+    return _cupy().cuda.runtime.getDevice()
+
+
+def module(dev=None):
     """The compiled RawModule of the current device (compiled once per device)."""
     cp = _cupy()
-    dev = cp.cuda.Device().id
+    if dev is None:
+        dev = _device_id()
     mod = _MODULES.get(dev)
     if mod is None:
         mod = cp.RawModule(code=_source(), options=(
@@ -68,19 +88,36 @@ def module():
 
 
 def _kernel(name):
-    return module().get_function(name)
+    """The kernel's Function handle, cached per device (no lookups per call)."""
+    dev = _device_id()
+    fn = _FUNCS.get((dev, name))
+    if fn is None:
+        fn = module(dev).get_function(name)
+        _FUNCS[(dev, name)] = fn
+    return fn
 
 
 def scratch(name, nbytes, zero=False):
     """A cached device buffer of at least ``nbytes`` (grown, never shrunk)."""
     cp = _cupy()
-    dev = cp.cuda.Device().id
-    key = (dev, name)
+    key = (_device_id(), name)
     buf = _SCRATCH.get(key)
     if buf is None or buf.nbytes < nbytes:
         buf = cp.zeros(max(int(nbytes), 8) // 8 + 1, dtype=cp.uint64)
         _SCRATCH[key] = buf
     return buf
+
+
+_EXT_STREAMS = {}
+
+
+def external_stream(handle):
+    """A cached cupy ExternalStream of a raw stream handle (made once per handle)."""
+    st = _EXT_STREAMS.get(handle)
+    if st is None:
+        st = _cupy().cuda.ExternalStream(handle)
+        _EXT_STREAMS[handle] = st
+    return st
 
 
 def _is_torch(a):
@@ -264,6 +301,7 @@ class CupyBackend:
         call = _Call()
         w = 0 if q_counts is None else int(q_counts.shape[-1])
         ntiles = (v + _VTILE - 1) // _VTILE
+        nrt = (v + _RTILE - 1) // _RTILE
         rows = batch * k1
         part_lo = scratch("part_lo", 8 * rows * ntiles)
         part_hi = scratch("part_hi", 8 * rows * ntiles)
@@ -271,18 +309,21 @@ class CupyBackend:
         part_bad = scratch("part_bad", 4 * rows * ntiles)
         res_row = scratch("res_row", 4 * batch)
         res_t = scratch("res_T", 8 * batch)
+        rpart = scratch("rpart", 16 * batch * nrt)
         kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
         t, d = call(target), call(draft)
         qc, qi, g = call(q_counts), call(q_ids), call(greedy)
         a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
+        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
         _kernel("dc_vpart")((rows, ntiles), (256,),
-                            (t, np.int32(v), np.int32(ntiles), part_lo, part_hi, part_max,
-                             part_bad))
+                            (t, v32, np.int32(ntiles), part_lo, part_hi, part_max, part_bad))
         _kernel("dc_vchain")((batch,), (32,),
-                             (t, d, qc, qi, np.int32(w), g, np.int32(batch), np.int32(k),
-                              np.int32(v), np.int32(ntiles), part_lo, part_hi, part_max,
+                             (t, d, qc, qi, w32, g, np.int32(batch), k32, v32,
+                              np.int32(ntiles), part_lo, part_hi, part_max,
                               part_bad, *kptrs, np.int32(kfmt), res_row, res_t, a, tk, st))
-        _kernel("dc_vresid")((batch,), (1024,),
-                             (t, d, qc, qi, np.int32(w), np.int32(k), np.int32(v), *kptrs,
-                              np.int32(kfmt), res_row, res_t, a, tk, st))
+        _kernel("dc_vrpart")((nrt, batch), (256,),
+                             (t, d, qc, qi, w32, k32, v32, np.int32(nrt), res_row, res_t, rpart))
+        _kernel("dc_vrdraw")((batch,), (256,),
+                             (t, d, qc, qi, w32, k32, v32, np.int32(nrt), *kptrs, np.int32(kfmt),
+                              res_row, res_t, rpart, a, tk, st))
         call.finish()

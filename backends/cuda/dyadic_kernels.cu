@@ -1,5 +1,7 @@
 /* The CuPy backend's kernels (NVRTC, --fmad=false).  See cupy_backend.py for
- * the launch structure and dyadic/reference/*.py for the specification. */
+ * the launch structure and dyadic/reference/*.py for the specification.
+ * Scalar integer work: backends/include/dyadic_core.h (shared with the CPU
+ * backend); parallel primitives: dyadic_cuda.cuh. */
 #include "dyadic_cuda.cuh"
 
 #define TILE 2048
@@ -9,8 +11,9 @@ extern "C" __global__ void dc_philox(const u32* ctr, const u32* key, int rounds,
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   u32 c[4] = {ctr[4 * i], ctr[4 * i + 1], ctr[4 * i + 2], ctr[4 * i + 3]};
-  philox4x32(c, key[2 * i], key[2 * i + 1], rounds);
-  for (int j = 0; j < 4; ++j) out[4 * i + j] = c[j];
+  u32 k[2] = {key[2 * i], key[2 * i + 1]}, o[4];
+  dy_philox4x32(c, k, rounds, o);
+  for (int j = 0; j < 4; ++j) out[4 * i + j] = o[j];
 }
 
 struct RowIn {
@@ -96,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   for (int i = tid; i < N; i += nt) { u64 k = __ldcg(&ck[i]); mk = k > mk ? k : mk; }
   mk = block_reduce64(mk, 1, sh);
   if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) {
-    fail_sparse(row, W, ST_X_ZERO_MASS, do_draw ? tokens : 0, counts, ids, status); return;
+    fail_sparse(row, W, DY_ST_X_ZERO_MASS, do_draw ? tokens : 0, counts, ids, status); return;
   }
   u64 am = ~0ull;
   for (int i = tid; i < N; i += nt) if (__ldcg(&ck[i]) == mk) { u64 id = (u64)__ldcg(&ci[i]); am = id < am ? id : am; }
@@ -104,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   u32* crow = counts + (i64)row * W;
   int* irow = ids + (i64)row * W;
   if (greedy) {
-    for (int j = tid; j < W; j += nt) { crow[j] = j ? 0u : DC_TOTAL; irow[j] = j ? -1 : argmax; }
+    for (int j = tid; j < W; j += nt) { crow[j] = j ? 0u : DY_TOTAL; irow[j] = j ? -1 : argmax; }
     if (tid == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
     return;
   }
@@ -122,14 +125,14 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   S = block_reduce64(S, 0, sh);
   u64 sb = 0;
   for (int j = tid; j < K; j += nt) {
-    u64 m = (u64)DC_TOTAL * srem[j];
+    u64 m = (u64)DY_TOTAL * srem[j];
     u64 q = m / S;
     scnt[j] = (u32)q; srem[j] = m - q * S; sb += q;
   }
   sb = block_reduce64(sb, 0, sh);
-  i64 remaining = (i64)DC_TOTAL - (i64)sb;
-  if (remaining < 0 || remaining >= (i64)DC_TOTAL) {
-    fail_sparse(row, W, ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status); return;
+  i64 remaining = (i64)DY_TOTAL - (i64)sb;
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
+    fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status); return;
   }
   if (remaining > 0) {
     if (policy == 0) {
@@ -146,9 +149,9 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   __syncthreads();
   if (do_draw) {
     DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, row);
-    u32 r = proposal_ticket(key);
-    int j = block_draw([&](int i) { return mk128(scnt[i], 0); }, K,
-                       [&](u128 tot, u128* xo) { *xo = mk128(r, 0); return true; }, sh);
+    u32 r = key_ticket(key);
+    int j = block_draw([&](int i) { return dy_from64(scnt[i]); }, K,
+                       [&](dy_u128 tot, dy_u128* xo) { *xo = dy_from64(r); return true; }, sh);
     if (tid == 0) tokens[row] = j >= 0 ? sid[j] : -1;
   }
   if (tid == 0) status[row] = 0;
@@ -181,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   mk = block_reduce64(mk, 1, sh);
   int code = 0;
   if (sbad != NONE_BAD) code = (int)(sbad & 0xFF);
-  else if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) code = ST_X_ZERO_MASS;
+  else if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) code = DY_ST_X_ZERO_MASS;
   if (code) {
     for (int v = tid; v < V; v += nt) crow[v] = 0;
     if (tid == 0) { status[row] = code; if (do_draw) tokens[row] = -1; }
@@ -191,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   for (int v = tid; v < V; v += nt) if (sc[v] == mk) { am = (u64)v < am ? (u64)v : am; }
   const int argmax = (int)block_reduce64(am, 2, sh);
   if (greedy) {
-    for (int v = tid; v < V; v += nt) crow[v] = v == argmax ? DC_TOTAL : 0u;
+    for (int v = tid; v < V; v += nt) crow[v] = v == argmax ? DY_TOTAL : 0u;
     if (tid == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
     return;
   }
@@ -200,14 +203,14 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   S = block_reduce64(S, 0, sh);
   u64 sb = 0;
   for (int v = tid; v < V; v += nt) {
-    u64 m = (u64)DC_TOTAL * sc[v], q = m / S;
+    u64 m = (u64)DY_TOTAL * sc[v], q = m / S;
     crow[v] = (u32)q; sc[v] = m - q * S; sb += q;
   }
   sb = block_reduce64(sb, 0, sh);
-  i64 remaining = (i64)DC_TOTAL - (i64)sb;
-  if (remaining < 0 || remaining >= (i64)DC_TOTAL) {
+  i64 remaining = (i64)DY_TOTAL - (i64)sb;
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
     for (int v = tid; v < V; v += nt) crow[v] = 0;
-    if (tid == 0) { status[row] = ST_ALLOC_INCONSISTENT; if (do_draw) tokens[row] = -1; }
+    if (tid == 0) { status[row] = DY_ST_ALLOC_INCONSISTENT; if (do_draw) tokens[row] = -1; }
     return;
   }
   if (remaining > 0) {
@@ -221,9 +224,9 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   __syncthreads();
   if (do_draw) {
     DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, row);
-    u32 r = proposal_ticket(key);
-    int j = block_draw([&](int i) { return mk128(crow[i], 0); }, V,
-                       [&](u128 tot, u128* xo) { *xo = mk128(r, 0); return true; }, sh);
+    u32 r = key_ticket(key);
+    int j = block_draw([&](int i) { return dy_from64(crow[i]); }, V,
+                       [&](dy_u128 tot, dy_u128* xo) { *xo = dy_from64(r); return true; }, sh);
     if (tid == 0) tokens[row] = j;
   }
   if (tid == 0) status[row] = 0;
@@ -238,14 +241,15 @@ extern "C" __global__ void __launch_bounds__(256) dc_draw(
   const int row = blockIdx.x;
   const u32* c = counts + (i64)row * W;
   DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, row);
-  u32 r = proposal_ticket(key);
-  int j = block_draw([&](int i) { return mk128(c[i], 0); }, W,
-                     [&](u128 tot, u128* xo) { *xo = mk128(r, 0); return true; }, sh);
+  u32 r = key_ticket(key);
+  int j = block_draw([&](int i) { return dy_from64(c[i]); }, W,
+                     [&](dy_u128 tot, dy_u128* xo) { *xo = dy_from64(r); return true; }, sh);
   if (threadIdx.x == 0) tokens[row] = j < 0 ? -1 : (ids ? ids[(i64)row * W + j] : j);
 }
 
 /* ------------------------------------------------------------------------
- * verify 1/3: per (tile, target row) partial sums of P, validity, argmax. */
+ * verify 1/4: per (tile, target row) partial sums of P, validity, argmax.
+ * Reads every target row once (the memory floor of an exact T). */
 #define VTILE 4096
 extern "C" __global__ void __launch_bounds__(256) dc_vpart(
     const u32* target, int V, int ntiles, u64* part_lo, u64* part_hi, u64* part_max, u32* part_bad) {
@@ -253,32 +257,29 @@ extern "C" __global__ void __launch_bounds__(256) dc_vpart(
   const int tile = blockIdx.y, r = blockIdx.x;
   const u32* t = target + (i64)r * V;
   int lo = tile * VTILE, hi = min(V, lo + VTILE);
-  u128 s = mk128(0, 0); u64 mx = 0; bool bad = false;
+  /* split sums as in dy_target_row_total: <= VTILE / 256 terms per thread */
+  u64 shi = 0, slo = 0, mx = 0; u32 bad = 0;
   for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
     u32 b = t[v];
-    s = add128(s, mk128(target_fixed(b, &bad), 0));
+    u64 p = dy_target_fixed_fast(b);
+    bad |= (u32)!dy_target_bits_valid(b);
+    shi += p >> 32; slo += p & 0xFFFFFFFFull;
     u64 k = ((u64)(b & 0x7FFFFFFFu) << 32) | (u64)(0xFFFFFFFFu - (u32)v);
     mx = k > mx ? k : mx;
   }
+  dy_u128 s = dy_add128(dy_make128(shi >> 32, shi << 32), dy_from64(slo));
   s = block_sum128(s, sh);
   mx = block_reduce64(mx, 1, sh);
-  u64 nb = block_reduce64(bad ? 1 : 0, 0, sh);
+  u64 nb = block_reduce64(bad, 0, sh);
   if (threadIdx.x == 0) {
     i64 o = (i64)r * ntiles + tile;
     part_lo[o] = s.lo; part_hi[o] = s.hi; part_max[o] = mx; part_bad[o] = nb ? 1u : 0u;
   }
 }
 
-DC_FN u32 q_count(const u32* qc, const int* qi, int W, int k, int b, int i, int d) {
-  if (!qc) return DC_TOTAL;
-  const i64 o = ((i64)b * k + i) * W;
-  if (!qi) return qc[o + d];
-  for (int j = 0; j < W; ++j) { int id = qi[o + j]; if (id == d) return qc[o + j]; if (id < 0 || id > d) break; }
-  return 0;
-}
-
 /* ------------------------------------------------------------------------
- * verify 2/3: one warp per request: row totals, status, acceptance chain. */
+ * verify 2/4: one warp per request: row totals, status, acceptance chain
+ * (dy_accept of the shared core). */
 extern "C" __global__ void dc_vchain(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
     int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
@@ -289,9 +290,9 @@ extern "C" __global__ void dc_vchain(
   int* tok = tokens + (i64)b * (k + 1);
   for (int i = 0; i <= k; ++i) {
     const i64 o = ((i64)b * (k + 1) + i) * ntiles;
-    u128 s = mk128(0, 0); u64 mx = 0; u32 bad = 0;
+    dy_u128 s = dy_make128(0, 0); u64 mx = 0; u32 bad = 0;
     for (int t = lane; t < ntiles; t += 32) {
-      s = add128(s, mk128(part_lo[o + t], part_hi[o + t]));
+      s = dy_add128(s, dy_make128(part_hi[o + t], part_lo[o + t]));
       u64 m = part_max[o + t]; mx = m > mx ? m : mx; bad |= part_bad[o + t];
     }
     s = warp_sum128(s); mx = warp_max64(mx); bad = __any_sync(0xffffffffu, bad != 0);
@@ -300,18 +301,21 @@ extern "C" __global__ void dc_vchain(
   __syncwarp();
   if (lane != 0) return;
   res_row[b] = -1;
-  int code = 0;
+  int code = DY_ST_OK;
+  const u64 one = 1ull << DY_TARGET_BITS, tol = one >> DY_TARGET_TOL_BITS;
   for (int i = 0; i <= k && !code; ++i) {
-    if (badr[i]) code = ST_TARGET_INVALID;
-    else {
-      u128 T = mk128(Tl[i], Th[i]);
-      const u64 one = 1ull << 62, tol = 1ull << 52;
-      if (T.hi || (T.lo > one ? T.lo - one : one - T.lo) > tol) code = ST_TARGET_SUM;
-    }
+    if (badr[i]) code = DY_ST_TARGET_INVALID_VALUE;
+    else if (Th[i] || (Tl[i] > one ? Tl[i] - one : one - Tl[i]) > tol) code = DY_ST_TARGET_SUM;
   }
   const bool g = greedy[b] != 0;
+  const i64 qrow = (i64)b * k;
   if (!code && !g)
-    for (int i = 0; i < k; ++i) if (q_count(qc, qi, W, k, b, i, draft[(i64)b * k + i]) == 0) { code = ST_Q_ZERO; break; }
+    for (int i = 0; i < k; ++i) {
+      const int d = draft[qrow + i];
+      const u32* qcr = qc ? qc + (qrow + i) * (qi ? W : V) : 0;
+      const int* qir = (qc && qi) ? qi + (qrow + i) * W : 0;
+      if (dy_q_count(qcr, qir, W, d, d) == 0) { code = DY_ST_Q_ZERO_AT_DRAFT; break; }
+    }
   if (code) {
     status[b] = code; accepted[b] = 0;
     for (int i = 0; i <= k; ++i) tok[i] = -1;
@@ -320,37 +324,22 @@ extern "C" __global__ void dc_vchain(
   DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   for (int i = 0; i <= k; ++i) tok[i] = -1;
   for (int i = 0; i < k; ++i) {
-    int d = draft[(i64)b * k + i];
-    bool ok;
+    const int d = draft[qrow + i];
+    int ok;
     if (g) ok = d == amax[i];
     else {
-      bool bad = false;
-      u64 P = target_fixed(target[((i64)b * (k + 1) + i) * V + d], &bad);
-      u64 T = Tl[i];
-      u32 c = q_count(qc, qi, W, k, b, i, d);
-      u128 n = mk128(P << 24, P >> 40), tc = mul64(T, c);
-      if (!lt128(n, tc)) ok = true;
-      else {
-        /* a, b = divmod(n, c); a < T < 2**63 */
-        u64 r = n.hi % c;
-        u64 t1 = (r << 32) | (n.lo >> 32); u64 q1 = t1 / c; r = t1 % c;
-        u64 t0 = (r << 32) | (n.lo & 0xFFFFFFFFull); u64 q0 = t0 / c; r = t0 % c;
-        u64 a = (q1 << 32) + q0, bb = r;
-        u32 idx = 0; u128 v1;
-        if (!uniform_below(mk128(T, 0), key, key.pos + i, DC_ACCEPTANCE, &idx, &v1)) { code = ST_RNG_EXHAUSTED; break; }
-        if (v1.lo != a) ok = v1.lo < a;
-        else {
-          u128 v2;
-          if (!uniform_below(mk128(c, 0), key, key.pos + i, DC_ACCEPTANCE, &idx, &v2)) { code = ST_RNG_EXHAUSTED; break; }
-          ok = v2.lo < bb;
-        }
-      }
+      const u64 P = dy_target_fixed(target[((i64)b * (k + 1) + i) * V + d]);
+      const u32* qcr = qc ? qc + (qrow + i) * (qi ? W : V) : 0;
+      const int* qir = (qc && qi) ? qi + (qrow + i) * W : 0;
+      const u32 c = dy_q_count(qcr, qir, W, d, d);
+      code = dy_accept(P, Tl[i], c, key.seed, key.gen, key.rnd, key.pos + i, &ok);
+      if (code) break;
     }
     if (ok) { tok[i] = d; continue; }
     accepted[b] = i;
     if (g) tok[i] = amax[i];
     else { res_row[b] = i; res_T[b] = Tl[i]; }
-    status[b] = 0;
+    status[b] = DY_ST_OK;
     return;
   }
   if (code) {
@@ -361,55 +350,109 @@ extern "C" __global__ void dc_vchain(
   accepted[b] = k;
   if (g) tok[k] = amax[k];
   else { res_row[b] = k; res_T[b] = Tl[k]; }
-  status[b] = 0;
+  status[b] = DY_ST_OK;
 }
 
 /* ------------------------------------------------------------------------
- * verify 3/3: the one residual (or bonus) draw per request that needs it. */
+ * verify 3/4 and 4/4: the one residual (or bonus) draw per request that
+ * needs it, spread over many blocks: per-tile 128-bit sums of the residual
+ * R_v = dy_residual(P_v, c_v, T) (bonus row: P_v), then one block per request
+ * draws X below the total, finds the tile by a prefix over the tile sums and
+ * the first-exceeding id inside it. */
 DC_FN u32 q_at(const u32* qc, const int* qi, int nv, int v, int d) {
-  if (!qc) return v == d ? DC_TOTAL : 0u;
+  if (!qc) return v == d ? DY_TOTAL : 0u;
   if (!qi) return qc[v];
   int lo = 0, hi = nv;  /* ids ascending in [0, nv) */
   while (lo < hi) { int m = (lo + hi) >> 1; int id = qi[m]; if (id < v) lo = m + 1; else hi = m; }
   return (lo < nv && qi[lo] == v) ? qc[lo] : 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) dc_vresid(
-    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    const int* res_row, const u64* res_T, int* accepted, int* tokens, int* status) {
+struct ResRow { const u32* t; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; };
+
+DC_FN ResRow res_setup(const u32* target, const int* draft, const u32* qc, const int* qi, int W,
+                       int k, int V, int b, int i, u64 T, int* snv) {
+  ResRow r;
+  r.t = target + ((i64)b * (k + 1) + i) * V;
+  r.T = T; r.bonus = i == k; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
+  if (!r.bonus) {
+    const i64 qo = ((i64)b * k + i) * (qi ? W : V);
+    r.qcr = qc ? qc + qo : 0;
+    r.qir = (qc && qi) ? qi + ((i64)b * k + i) * W : 0;
+    r.d = draft[(i64)b * k + i];
+    if (threadIdx.x == 0) {
+      int nv = W;
+      if (r.qir) { int lo = 0, hi = W; while (lo < hi) { int m = (lo + hi) >> 1; if (r.qir[m] >= 0) lo = m + 1; else hi = m; } nv = lo; }
+      *snv = nv;
+    }
+    __syncthreads();
+    r.nv = *snv;
+  }
+  return r;
+}
+
+DC_FN dy_u128 res_weight(const ResRow& r, int v) {
+  const u64 P = dy_target_fixed(r.t[v]);
+  if (r.bonus) return dy_from64(P);
+  return dy_residual(P, q_at(r.qcr, r.qir, r.nv, v, r.d), r.T);
+}
+
+#define RTILE 4096
+extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
+    const int* res_row, const u64* res_T, u64* rpart) {
   __shared__ DcShared sh;
   __shared__ int snv;
+  const int tile = blockIdx.x, b = blockIdx.y;
+  const int i = res_row[b];
+  if (i < 0) return;
+  ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
+  const int lo = tile * RTILE, hi = min(V, lo + RTILE);
+  dy_u128 s = dy_make128(0, 0);
+  for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) s = dy_add128(s, res_weight(r, v));
+  s = block_sum128(s, sh);
+  if (threadIdx.x == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
+}
+
+extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    const int* res_row, const u64* res_T, const u64* rpart, int* accepted, int* tokens, int* status) {
+  __shared__ DcShared sh;
+  __shared__ int snv, stile, sok;
+  __shared__ dy_u128 sx;
   const int b = blockIdx.x;
   const int i = res_row[b];
   if (i < 0) return;
-  const u64 T = res_T[b];
-  const u32* t = target + ((i64)b * (k + 1) + i) * V;
-  DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-  const u32 pos = key.pos + i;
-  auto drawx = [&](u128 tot, u128* xo) { u32 idx = 0; return uniform_below(tot, key, pos, DC_CORRECTION, &idx, xo); };
-  int j;
-  if (i == k) {
-    j = block_draw([&](int v) { bool bad = false; return mk128(target_fixed(t[v], &bad), 0); }, V, drawx, sh);
-  } else {
-    const i64 qo = ((i64)b * k + i) * W;
-    const u32* qcr = qc ? qc + qo : 0;
-    const int* qir = (qc && qi) ? qi + qo : 0;
-    const int d = draft[(i64)b * k + i];
-    if (threadIdx.x == 0) {
-      int nv = W;
-      if (qir) { int lo = 0, hi = W; while (lo < hi) { int m = (lo + hi) >> 1; if (qir[m] >= 0) lo = m + 1; else hi = m; } nv = lo; }
-      snv = nv;
+  ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
+  if (threadIdx.x == 0) {
+    const u64* rp = rpart + 2 * (i64)b * nrt;
+    dy_u128 tot = dy_make128(0, 0);
+    for (int t = 0; t < nrt; ++t) tot = dy_add128(tot, dy_make128(rp[2 * t + 1], rp[2 * t]));
+    DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+    u32 idx = 0; dy_u128 x = dy_make128(0, 0);
+    int ok = !dy_is_zero128(tot) &&
+             dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
+                                   &idx, &x) == DY_ST_OK;
+    int tile = -1;
+    if (ok) {
+      dy_u128 cum = dy_make128(0, 0);
+      for (int t = 0; t < nrt; ++t) {
+        dy_u128 nc = dy_add128(cum, dy_make128(rp[2 * t + 1], rp[2 * t]));
+        if (dy_lt128(x, nc)) { tile = t; x = dy_sub128(x, cum); break; }
+        cum = nc;
+      }
     }
-    __syncthreads();
-    const int nv = snv;
-    j = block_draw([&](int v) {
-          bool bad = false; u64 P = target_fixed(t[v], &bad);
-          u128 n = mk128(P << 24, P >> 40), c = mul64(T, q_at(qcr, qir, nv, v, d));
-          return lt128(c, n) ? sub128(n, c) : mk128(0, 0); }, V, drawx, sh);
+    sok = ok && tile >= 0; stile = tile; sx = x;
+  }
+  __syncthreads();
+  int j = -1;
+  if (sok) {
+    const int lo = stile * RTILE, hi = min(V, lo + RTILE);
+    j = block_draw([&](int v) { return res_weight(r, v); }, hi,
+                   [&](dy_u128, dy_u128*) { return false; }, sh, lo, false, sx);
   }
   if (threadIdx.x == 0) {
-    if (j < 0) { status[b] = ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tokens[(i64)b * (k + 1) + q] = -1; }
+    if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tokens[(i64)b * (k + 1) + q] = -1; }
     else tokens[(i64)b * (k + 1) + i] = j;
   }
 }
