@@ -105,6 +105,22 @@ def main():
                 r[name] = f"error: {type(e).__name__}: {e}"[:120]
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)
+        r["eager_host_verify_us"] = round(eager_host(ver), 1)
+        if B == 1:  # where the host time of an eager propose goes
+            import cProfile
+            import io
+            import pstats
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(200):
+                prop()
+            pr.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+            os.makedirs(a.out, exist_ok=True)
+            with open(os.path.join(a.out, "profile_propose.txt"), "w") as f:
+                f.write(buf.getvalue())
         rows.append(r)
         print(json.dumps(r), flush=True)
     os.makedirs(a.out, exist_ok=True)
