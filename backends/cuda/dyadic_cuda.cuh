@@ -171,6 +171,7 @@ DC_FN DcSel block_select(G get, int n, int K, DcShared& sh) {
   for (int shift = 56; shift >= 0 && !done; shift -= 8) {
     for (int b = tid; b < 256; b += nt) sh.hist[b] = 0;
     __syncthreads();
+#pragma unroll 4
     for (int i = tid; i < n; i += nt) {
       u64 k = get(i);
       if ((k & mask) == prefix) atomicAdd(&sh.hist[(k >> shift) & 255], 1u);

@@ -5,6 +5,7 @@
 #include "dyadic_cuda.cuh"
 
 #define TILE 2048
+#define TPT (TILE / 256)
 #define NONE_BAD 0xFFFFFFFFFFFFFFFFull
 
 extern "C" __global__ void dc_philox(const u32* ctr, const u32* key, int rounds, int n, u32* out) {
@@ -58,12 +59,17 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   __syncthreads();
   const int base = tile * TILE;
   u64 mybad = NONE_BAD;
-  for (int j = tid; j < TILE; j += nt) {
-    int v = base + j;
+  /* loads first (launched with exactly 256 threads), then the keys */
+  float xf[TPT];
+#pragma unroll
+  for (int q = 0; q < TPT; ++q) { int v = base + tid + q * 256; xf[q] = v < V ? load_f(x, xdt, xoff + v) : 0.0f; }
+#pragma unroll
+  for (int q = 0; q < TPT; ++q) {
+    int j = tid + q * 256, v = base + j;
     u64 key = 0;
     if (v < V) {
       int bad;
-      key = rank_key(load_f(x, xdt, xoff + v), bias, bdt, boff + v, T, logits, &bad);
+      key = rank_key(xf[q], bias, bdt, boff + v, T, logits, &bad);
       if (bad && mybad == NONE_BAD) mybad = ((u64)v << 8) | (u64)bad;
     }
     tk[j] = key;
@@ -163,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* scratch, int* tokens, u32* counts, int* status) {
+    u64* __restrict__ scratch, int* __restrict__ tokens, u32* __restrict__ counts, int* status) {
   __shared__ DcShared sh;
   __shared__ u64 sbad;
   const int row = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
@@ -174,11 +180,20 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   if (tid == 0) sbad = NONE_BAD;
   __syncthreads();
   u64 mybad = NONE_BAD, mk = 0;
-  for (int v = tid; v < V; v += nt) {
-    int bad;
-    u64 key = rank_key(load_f(x, xdt, xoff + v), bias, bdt, boff + v, T, logits, &bad);
-    if (bad && mybad == NONE_BAD) mybad = ((u64)v << 8) | (u64)bad;
-    sc[v] = key; mk = key > mk ? key : mk;
+  for (int v0 = tid; v0 < V; v0 += 8 * nt) {  /* 8 loads in flight per thread */
+    float xf[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) { int v = v0 + q * nt; xf[q] = v < V ? load_f(x, xdt, xoff + v) : 0.0f; }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      int v = v0 + q * nt;
+      if (v < V) {
+        int bad;
+        u64 key = rank_key(xf[q], bias, bdt, boff + v, T, logits, &bad);
+        if (bad && mybad == NONE_BAD) mybad = ((u64)v << 8) | (u64)bad;
+        sc[v] = key; mk = key > mk ? key : mk;
+      }
+    }
   }
   if (mybad != NONE_BAD) atomicMin(&sbad, mybad);
   mk = block_reduce64(mk, 1, sh);
@@ -191,6 +206,7 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
     return;
   }
   u64 am = ~0ull;
+#pragma unroll 8
   for (int v = tid; v < V; v += nt) if (sc[v] == mk) { am = (u64)v < am ? (u64)v : am; }
   const int argmax = (int)block_reduce64(am, 2, sh);
   if (greedy) {
@@ -199,9 +215,11 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
     return;
   }
   u64 S = 0;
+#pragma unroll 8
   for (int v = tid; v < V; v += nt) { u64 w = weight_of_key(sc[v], mk, logits); sc[v] = w; S += w; }
   S = block_reduce64(S, 0, sh);
   u64 sb = 0;
+#pragma unroll 8
   for (int v = tid; v < V; v += nt) {
     u64 m = (u64)DY_TOTAL * sc[v], q = m / S;
     crow[v] = (u32)q; sc[v] = m - q * S; sb += q;
@@ -216,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   if (remaining > 0) {
     if (policy == 0) {
       DcSel s = block_select([&](int i) { return sc[i]; }, V, (int)remaining, sh);
+#pragma unroll 8
       for (int v = tid; v < V; v += nt) if (sel_has(s, sc[v], v)) crow[v] += 1;
     } else if (tid == 0) {
       crow[argmax] += (u32)remaining;
@@ -251,21 +270,31 @@ extern "C" __global__ void __launch_bounds__(256) dc_draw(
  * verify 1/4: per (tile, target row) partial sums of P, validity, argmax.
  * Reads every target row once (the memory floor of an exact T). */
 #define VTILE 4096
+#define VPT (VTILE / 256)
 extern "C" __global__ void __launch_bounds__(256) dc_vpart(
     const u32* target, int V, int ntiles, u64* part_lo, u64* part_hi, u64* part_max, u32* part_bad) {
   __shared__ DcShared sh;
   const int tile = blockIdx.y, r = blockIdx.x;
   const u32* t = target + (i64)r * V;
   int lo = tile * VTILE, hi = min(V, lo + VTILE);
-  /* split sums as in dy_target_row_total: <= VTILE / 256 terms per thread */
+  /* split sums as in dy_target_row_total: <= VTILE / 256 terms per thread.
+   * All loads of a thread are issued before any is used (one DRAM latency
+   * per block, not VPT): launched with exactly 256 threads. */
   u64 shi = 0, slo = 0, mx = 0; u32 bad = 0;
-  for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
-    u32 b = t[v];
-    u64 p = dy_target_fixed_fast(b);
-    bad |= (u32)!dy_target_bits_valid(b);
-    shi += p >> 32; slo += p & 0xFFFFFFFFull;
-    u64 k = ((u64)(b & 0x7FFFFFFFu) << 32) | (u64)(0xFFFFFFFFu - (u32)v);
-    mx = k > mx ? k : mx;
+  u32 bv[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) { int v = lo + threadIdx.x + j * 256; bv[j] = v < hi ? __ldg(&t[v]) : 0u; }
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    int v = lo + threadIdx.x + j * 256;
+    if (v < hi) {
+      u32 b = bv[j];
+      u64 p = dy_target_fixed_fast(b);
+      bad |= (u32)!dy_target_bits_valid(b);
+      shi += p >> 32; slo += p & 0xFFFFFFFFull;
+      u64 k = ((u64)(b & 0x7FFFFFFFu) << 32) | (u64)(0xFFFFFFFFu - (u32)v);
+      mx = k > mx ? k : mx;
+    }
   }
   dy_u128 s = dy_add128(dy_make128(shi >> 32, shi << 32), dy_from64(slo));
   s = block_sum128(s, sh);
@@ -396,7 +425,7 @@ DC_FN dy_u128 res_weight(const ResRow& r, int v) {
   return dy_residual(P, q_at(r.qcr, r.qir, r.nv, v, r.d), r.T);
 }
 
-#define RTILE 4096
+#define RTILE VTILE
 extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const int* res_row, const u64* res_T, u64* rpart) {
@@ -407,8 +436,27 @@ extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
   if (i < 0) return;
   ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
   const int lo = tile * RTILE, hi = min(V, lo + RTILE);
+  /* loads first (one latency per block), then the 128-bit sums; 256 threads */
+  u32 tb[VPT], qv[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    int v = lo + threadIdx.x + j * 256;
+    tb[j] = v < hi ? __ldg(&r.t[v]) : 0u;
+    qv[j] = (v < hi && !r.bonus && r.qcr && !r.qir) ? __ldg(&r.qcr[v]) : 0u;
+  }
   dy_u128 s = dy_make128(0, 0);
-  for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) s = dy_add128(s, res_weight(r, v));
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    int v = lo + threadIdx.x + j * 256;
+    if (v < hi) {
+      const u64 P = dy_target_fixed(tb[j]);
+      if (r.bonus) s = dy_add128(s, dy_from64(P));
+      else {
+        const u32 c = (r.qcr && !r.qir) ? qv[j] : q_at(r.qcr, r.qir, r.nv, v, r.d);
+        s = dy_add128(s, dy_residual(P, c, r.T));
+      }
+    }
+  }
   s = block_sum128(s, sh);
   if (threadIdx.x == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
 }
