@@ -44,6 +44,9 @@ _TILE = 2048
 _VTILE = 4096
 _RTILE = 4096
 _MAX_K_VERIFY = 63
+_KSMALL = 64  # top_k <= 64: rank-counting top-K (DC_KSMALL); larger: radix select
+# DYADIC_CUDA_TOPK=radix forces the radix-select path for every top_k (A/B parity runs)
+_TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
 
 _MODULES = {}
 _FUNCS = {}
@@ -259,8 +262,9 @@ class CupyBackend:
             sup_key = scratch("sup_key", 8 * batch * k)
             sup_rem = scratch("sup_rem", 8 * batch * k)
             sup_cnt = scratch("sup_cnt", 4 * batch * k)
+            fast = k <= _KSMALL and _TOPK_MODE != "radix"
             args = common + (np.int32(k), np.int32(kc), np.int32(ntiles), np.int32(policy),
-                             np.int32(do_draw), *kptrs, np.int32(kfmt), cand_key, cand_id,
+                             np.int32(do_draw), np.int32(fast), *kptrs, np.int32(kfmt), cand_key, cand_id,
                              tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt,
                              call(tokens, True), call(counts, True), call(ids, True),
                              call(status, True))

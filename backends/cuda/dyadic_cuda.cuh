@@ -308,4 +308,66 @@ DC_FN int block_draw(G getw, int n, D drawx, DcShared& sh, int lo0 = 0, bool fir
   }
 }
 
+/* ------------------------------------------------ small top-K (K <= 64)
+ * The K best of n elements by (key desc, id asc), written to ok/oi in that
+ * order.  Ids must be distinct.  Exact for any input:
+ *  1. M = the K-th largest of the per-thread maxima (rank counting over
+ *     blockDim.x <= 256 values in shared memory).  The K threads whose maximum
+ *     is >= M each own an element >= M, so the K-th largest key is >= M and
+ *     every element below M can be dropped.
+ *  2. The survivors (key >= M, usually about K of them) are compacted in
+ *     thread order by a scan; when more than DC_SMAX survive (many equal keys)
+ *     the radix select picks exactly the K best instead.
+ *  3. Each survivor's rank = #{better survivors}; rank < K goes to ok[rank].
+ * A handful of __syncthreads instead of the radix select's dozens. */
+#define DC_SMAX 512
+#define DC_KSMALL 64
+struct DcTopk {
+  u64 tm[256];
+  u64 sk[DC_SMAX];
+  int si[DC_SMAX];
+  u64 M;
+  int S;
+};
+
+template <class GK, class GI, class OUT>
+DC_FN void block_topk_small(GK getk, GI geti, int n, int K, OUT out, DcTopk& tp, DcShared& sh) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  u64 mx = 0; int cnt = 0;
+  for (int i = tid; i < n; i += nt) { u64 k = getk(i); mx = k > mx ? k : mx; }
+  tp.tm[tid] = mx;
+  __syncthreads();
+  {
+    int gt = 0, ge = 0;
+    for (int u = 0; u < nt; ++u) { u64 w = tp.tm[u]; gt += w > mx; ge += w >= mx; }
+    if (gt < K && K <= ge) tp.M = mx;  /* all writers agree */
+  }
+  __syncthreads();
+  const u64 M = tp.M;
+  for (int i = tid; i < n; i += nt) cnt += getk(i) >= M;
+  int S; int pos = block_excl_scan(cnt, &S, sh);
+  if (S <= DC_SMAX) {
+    for (int i = tid; i < n; i += nt) {
+      u64 k = getk(i);
+      if (k >= M) { tp.sk[pos] = k; tp.si[pos] = geti(i); ++pos; }
+    }
+  } else {
+    /* the K best exactly (ties: lowest index; callers pass ids ascending in index) */
+    DcSel s = block_select(getk, n, K, sh);
+    S = block_compact([&](int i) { return sel_has(s, getk(i), i); },
+                      [&](int i, int r) { tp.sk[r] = getk(i); tp.si[r] = geti(i); }, n, sh);
+  }
+  __syncthreads();
+  for (int a = tid; a < S; a += nt) {
+    const u64 ka = tp.sk[a]; const int ia = tp.si[a];
+    int rank = 0;
+    for (int b = 0; b < S; ++b) {
+      const u64 kb = tp.sk[b];
+      rank += kb > ka || (kb == ka && tp.si[b] < ia);
+    }
+    if (rank < K) out(rank, ka, ia);
+  }
+  __syncthreads();
+}
+
 #endif

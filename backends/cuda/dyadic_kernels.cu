@@ -42,13 +42,16 @@ DC_FN void fail_sparse(int row, int W, int code, int* tokens, u32* counts, int* 
  * another. */
 extern "C" __global__ void __launch_bounds__(256) dc_topk(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int K, int Kc, int ntiles, int policy, int do_draw,
+    int logits, int greedy_ok, int V, int K, int Kc, int ntiles, int policy, int do_draw, int fast,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* tile_bad, u32* counters,
     int* sup_id, u64* sup_key, u64* sup_rem, u32* sup_cnt,
     int* tokens, u32* counts, int* ids, int* status) {
   __shared__ DcShared sh;
   __shared__ u64 tk[TILE];
+  __shared__ DcTopk tp;
+  __shared__ u64 okk[DC_KSMALL];
+  __shared__ int oki[DC_KSMALL];
   __shared__ u64 sbad;
   __shared__ int is_last;
   const int row = blockIdx.y, tile = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
@@ -76,7 +79,12 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   }
   if (mybad != NONE_BAD) atomicMin(&sbad, mybad);
   __syncthreads();
-  {
+  if (fast) {  /* Kc <= 64: candidates in (key desc, id asc) order */
+    u64* ck = cand_key + ((i64)row * ntiles + tile) * Kc;
+    int* ci = cand_id + ((i64)row * ntiles + tile) * Kc;
+    block_topk_small([&](int i) { return tk[i]; }, [&](int i) { return base + i; }, TILE, Kc,
+                     [&](int r, u64 k, int id) { ck[r] = k; ci[r] = id; }, tp, sh);
+  } else {
     DcSel s = block_select([&](int i) { return tk[i]; }, TILE, Kc, sh);
     u64* ck = cand_key + ((i64)row * ntiles + tile) * Kc;
     int* ci = cand_id + ((i64)row * ntiles + tile) * Kc;
@@ -121,7 +129,19 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   u64* skey = sup_key + (i64)row * K;
   u64* srem = sup_rem + (i64)row * K;
   u32* scnt = sup_cnt + (i64)row * K;
-  {
+  if (fast) {
+    /* the K best by (key desc, id asc), then stored in ascending id order (as
+     * the radix path's compaction in candidate order leaves them) */
+    block_topk_small([&](int i) { return __ldcg(&ck[i]); }, [&](int i) { return __ldcg(&ci[i]); }, N, K,
+                     [&](int r, u64 k, int id) { okk[r] = k; oki[r] = id; }, tp, sh);
+    for (int j = tid; j < K; j += nt) {
+      const int idj = oki[j];
+      int pos = 0;
+      for (int i = 0; i < K; ++i) pos += oki[i] < idj;
+      skey[pos] = okk[j]; sid[pos] = idj;
+    }
+    __syncthreads();
+  } else {
     DcSel s = block_select([&](int i) { return __ldcg(&ck[i]); }, N, K, sh);
     block_compact([&](int i) { return sel_has(s, __ldcg(&ck[i]), i); },
                   [&](int i, int r) { skey[r] = __ldcg(&ck[i]); sid[r] = __ldcg(&ci[i]); }, N, sh);
@@ -141,7 +161,15 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
     fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status); return;
   }
   if (remaining > 0) {
-    if (policy == 0) {
+    if (policy == 0 && fast) {
+      /* the `remaining` largest remainders, ties lowest position: rank counting */
+      for (int j = tid; j < K; j += nt) {
+        const u64 rj = srem[j];
+        int rank = 0;
+        for (int i = 0; i < K; ++i) { const u64 ri = srem[i]; rank += ri > rj || (ri == rj && i < j); }
+        if (rank < (int)remaining) scnt[j] += 1;
+      }
+    } else if (policy == 0) {
       DcSel s = block_select([&](int i) { return srem[i]; }, K, (int)remaining, sh);
       for (int j = tid; j < K; j += nt) if (sel_has(s, srem[j], j)) scnt[j] += 1;
     } else {
