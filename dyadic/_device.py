@@ -110,9 +110,15 @@ def _temperature(temperature, batch, device, allow_zero, check):
         if check:
             _validate.temperature(t.cpu().numpy(), batch, allow_zero=allow_zero)
         return t.expand(batch).contiguous()
+    if type(temperature) is float or type(temperature) is int:
+        # a validated Python scalar seen before: the cached device copy (no validation,
+        # no copy: the eager hot path, and graph capture works)
+        t = _TEMP_CACHE.get((device, batch, float(temperature), allow_zero))
+        if t is not None:
+            return t
     host = _validate.temperature(temperature, batch, allow_zero=allow_zero)
     if np.ndim(temperature) == 0:  # cached per value: no copy, so graph capture works
-        key = (str(device), batch, float(host[0]) if batch else 0.0)
+        key = (device, batch, float(host[0]) if batch else 0.0, allow_zero)
         t = _TEMP_CACHE.get(key)
         if t is None:
             t = torch.from_numpy(host.copy()).to(device)

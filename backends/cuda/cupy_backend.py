@@ -36,6 +36,7 @@ calls concurrently on different streams of the same device.
 """
 
 import os
+import sys
 
 import numpy as np
 
@@ -123,10 +124,16 @@ def external_stream(handle):
     return st
 
 
+_TENSOR = []  # [torch.Tensor] once torch has been imported by someone
+
+
 def _is_torch(a):
-    import sys
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(a, torch.Tensor)
+    if not _TENSOR:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _TENSOR.append(torch.Tensor)
+    return isinstance(a, _TENSOR[0])
 
 
 _DT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -151,6 +158,9 @@ def _ptr(a):
     return a.__cuda_array_interface__["data"][0]
 
 
+_NULL = np.uint64(0)
+
+
 class _Call:
     """Moves NumPy arguments to the device and results back; device arrays pass through."""
 
@@ -160,7 +170,9 @@ class _Call:
 
     def __call__(self, a, out=False):
         if a is None:
-            return np.uint64(0)
+            return _NULL
+        if _is_torch(a):  # the hot path: a pointer, nothing else
+            return np.uint64(a.data_ptr())
         if isinstance(a, np.ndarray):
             cp = _cupy()
             d = cp.asarray(a)
@@ -201,6 +213,13 @@ def _keys(call, seed, generation, round_, position, batch):
         return ptrs, 0b01010101
     ptrs, fmt = [], 0
     for j, a in enumerate((seed, generation, round_, position)):
+        if _is_torch(a):  # hot path
+            size = a.element_size()
+            f = (1 if size == 8 else 0) | (2 if a.shape[0] == 1 and batch != 1 else 0)
+            if size in (4, 8):
+                fmt |= f << (2 * j)
+                ptrs.append(np.uint64(a.data_ptr()))
+                continue
         size = _itemsize(a)
         if size not in (4, 8):
             raise TypeError(f"keys: device key arrays need 4- or 8-byte integers, got {size} bytes")
