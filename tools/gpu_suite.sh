@@ -9,7 +9,7 @@
 set -o pipefail
 MODE=${1:-full}
 # STAGES: which stages run, in this order (default all)
-STAGES=${STAGES:-"build cuda gb numba bench"}
+STAGES=${STAGES:-"build gb cuda cudaradix gbradix numba bench"}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -42,6 +42,16 @@ PY
       tests/test_gpu_parity.py tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
   fi
+  if has cudaradix; then stamp "cuda parity, top-k by radix select (DYADIC_CUDA_TOPK=radix)"
+  DYADIC_CUDA_TOPK=radix timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
+      -p no:cacheprovider tests/test_gpu_parity.py -k "propose or allocate or half or graph" 2>&1 | tail -${TAIL:-40}
+  echo "cuda radix parity exit: $?"
+  fi
+  if has gbradix && [ "$MODE" = full ]; then
+    stamp "gpu_bench, DYADIC_CUDA_TOPK=radix"
+    DYADIC_CUDA_TOPK=radix timeout ${GB_T:-90} python3 tools/gpu_bench.py --out "$OUT/radix" 2>&1 | tail -8
+    echo "gpu_bench radix exit: $?"
+  fi
   if has numba; then stamp "numba parity"
   timeout ${NUMBA_T:-90} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
       tests/test_gpu_parity_numba.py 2>&1 | tail -${TAIL:-25}
@@ -49,8 +59,8 @@ PY
   fi
   if has bench && [ "$MODE" = full ]; then
     stamp "dyadic.bench"
-    timeout ${BENCH_T:-50} python3 -m dyadic.bench --no-cpu --vocab 129280 --batch 1,4,64 \
-        --backends ${BENCH_BACKENDS:-cuda,numba} --out "$OUT/bench" --no-plot 2>&1 | tail -40
+    timeout ${BENCH_T:-50} python3 -m dyadic.bench --no-cpu --vocab 129280 --batch 1,4,64 --repeats ${BENCH_REPEATS:-20} \
+        --backends ${BENCH_BACKENDS:-cuda,numba} --out "${BENCH_OUT:-/tmp/dyadic-bench}" --no-plot 2>&1 | tail -40
     echo "bench exit: $?"
   fi
   stamp done
