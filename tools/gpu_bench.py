@@ -123,6 +123,9 @@ def main():
                 f.write(buf.getvalue())
         rows.append(r)
         print(json.dumps(r), flush=True)
+    from dyadic.backends.cuda import cupy_backend
+    print("launch mode:", cupy_backend.launch_mode(), "| DYADIC_CUDA_TOPK =",
+          os.environ.get("DYADIC_CUDA_TOPK", "(default)"), flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu_bench.json"), "w") as f:
         json.dump(rows, f, indent=1)
