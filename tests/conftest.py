@@ -4,6 +4,13 @@ A backend that cannot load here is a skip with its reason, never a silent pass.
 """
 
 import os
+import shutil
+
+# Decided here, before any test module can import numba: without a GPU the
+# Numba backend runs on the CUDA simulator (CI exercises its kernels' parallel
+# structure on small sizes; tests/test_numba_sim.py).
+if not (os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi")):
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 import numpy as np
 import pytest

@@ -1,7 +1,7 @@
 """backend="numba" == backend="reference", bit for bit, under the CUDA simulator.
 
-On a machine without a GPU this module turns on NUMBA_ENABLE_CUDASIM=1 before
-numba is imported, so CI runs the Numba kernels' parallel structure (block
+On a machine without a GPU tests/conftest.py turns on NUMBA_ENABLE_CUDASIM=1
+before numba is imported, so CI runs the Numba kernels' parallel structure (block
 reductions, radix selection, scans) on small sizes.  Where a GPU is present
 the same bodies run on it (tests/test_gpu_parity_numba.py adds large sizes).
 
@@ -9,19 +9,14 @@ The ``check_*`` helpers are shared with tests/test_gpu_parity_numba.py.
 """
 
 import os
-import shutil
 import sys
 
 import numpy as np
 import pytest
 
 
-def gpu_present():
-    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
-
-
-if "numba" not in sys.modules and not gpu_present():
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# tests/conftest.py turns the simulator on (before anything imports numba)
+# when no GPU is present.
 
 import dyadic  # noqa: E402
 from dyadic import _backend, _spec  # noqa: E402
