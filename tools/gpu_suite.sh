@@ -43,14 +43,14 @@ PY
       tests/test_gpu_parity.py tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
   fi
-  if has cudaradix; then stamp "cuda parity, radix top-k + CuPy launch path (DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy)"
-  DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
-      -p no:cacheprovider tests/test_gpu_parity.py -k "propose or allocate or half or graph" 2>&1 | tail -${TAIL:-40}
+  if has cudaradix; then stamp "cuda parity, radix top-k + CuPy launch path (DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split)"
+  DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
+      -p no:cacheprovider tests/test_gpu_parity.py -k "propose or allocate or half or graph or verify" 2>&1 | tail -${TAIL:-40}
   echo "cuda radix parity exit: $?"
   fi
   if has gbradix && [ "$MODE" = full ]; then
-    stamp "gpu_bench, DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy"
-    DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy timeout ${GB_T:-90} python3 tools/gpu_bench.py --out "$OUT/radix" 2>&1 | tail -8
+    stamp "gpu_bench, DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split"
+    DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split timeout ${GB_T:-90} python3 tools/gpu_bench.py --out "$OUT/radix" 2>&1 | tail -8
     echo "gpu_bench radix exit: $?"
   fi
   if has numba; then stamp "numba parity"

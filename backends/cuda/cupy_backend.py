@@ -19,12 +19,14 @@ Launch structure:
   the candidates, allocates and draws.  No block waits for another.
 - dense allocate / propose: one block per row (block reductions, radix
   select of the remainders); scratch u64 [B, V].
-- verify: partial sums per (row, tile) reading every target row once; one
-  warp per request for the totals, the status and the acceptance chain
-  (``dy_accept``); the single residual (or bonus) draw per request is spread
-  over many blocks: per-tile 128-bit residual sums, then one block per request
-  draws X below the total, finds the tile by a prefix over the tile sums and
-  the first-exceeding id inside that tile.
+- verify, two launches: (1) partial sums per (row, tile) reading every target
+  row once; the last block of each request (atomic counter) runs the totals,
+  the status and the acceptance chain (``dy_accept``) in one warp.  (2) the
+  single residual (or bonus) draw per request, spread over many blocks:
+  per-tile 128-bit residual sums; the last block of the request draws X below
+  the total, finds the tile by a prefix over the tile sums and the
+  first-exceeding id inside that tile.  DYADIC_CUDA_VERIFY=split runs the
+  same work as four launches.
 
 The scalar integer work (128-bit arithmetic, Philox, uniform_below, weights,
 target fixed point, acceptance split, residual, status codes) is the shared
@@ -48,6 +50,8 @@ _MAX_K_VERIFY = 63
 _KSMALL = 64  # top_k <= 64: rank-counting top-K (DC_KSMALL); larger: radix select
 # DYADIC_CUDA_TOPK=radix forces the radix-select path for every top_k (A/B parity runs)
 _TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
+# DYADIC_CUDA_VERIFY=split: verify in four launches instead of two fused ones (A/B runs)
+_VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 
 _MODULES = {}
 _FUNCS = {}
@@ -420,15 +424,22 @@ class CupyBackend:
         qc, qi, g = call(q_counts), call(q_ids), call(greedy)
         a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
         v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
-        _kernel("dc_vpart")((rows, ntiles), (256,),
-                            (t, v32, np.int32(ntiles), part_lo, part_hi, part_max, part_bad))
-        _kernel("dc_vchain")((batch,), (32,),
-                             (t, d, qc, qi, w32, g, np.int32(batch), k32, v32,
-                              np.int32(ntiles), part_lo, part_hi, part_max,
-                              part_bad, *kptrs, np.int32(kfmt), res_row, res_t, a, tk, st))
-        _kernel("dc_vrpart")((nrt, batch), (256,),
-                             (t, d, qc, qi, w32, k32, v32, np.int32(nrt), res_row, res_t, rpart))
-        _kernel("dc_vrdraw")((batch,), (256,),
-                             (t, d, qc, qi, w32, k32, v32, np.int32(nrt), *kptrs, np.int32(kfmt),
-                              res_row, res_t, rpart, a, tk, st))
+        chain_args = (t, d, qc, qi, w32, g, np.int32(batch), k32, v32, np.int32(ntiles), part_lo,
+                      part_hi, part_max, part_bad, *kptrs, np.int32(kfmt), res_row, res_t, a, tk,
+                      st)
+        draw_args = (t, d, qc, qi, w32, k32, v32, np.int32(nrt), *kptrs, np.int32(kfmt),
+                     res_row, res_t, rpart, a, tk, st)
+        if _VERIFY_MODE == "split":  # four launches (A/B runs)
+            _kernel("dc_vpart")((rows, ntiles), (256,),
+                                (t, v32, np.int32(ntiles), part_lo, part_hi, part_max, part_bad))
+            _kernel("dc_vchain")((batch,), (32,), chain_args)
+            _kernel("dc_vrpart")((nrt, batch), (256,),
+                                 (t, d, qc, qi, w32, k32, v32, np.int32(nrt), res_row, res_t,
+                                  rpart))
+            _kernel("dc_vrdraw")((batch,), (256,), draw_args)
+        else:  # two launches: the last block of each request chains / draws
+            vcnt = scratch("vcnt", 4 * batch)
+            rcnt = scratch("rcnt", 4 * batch)
+            _kernel("dc_vpart_chain")((rows, ntiles), (256,), chain_args + (vcnt,))
+            _kernel("dc_vresid_fused")((nrt, batch), (256,), draw_args + (rcnt,))
         call.finish()

@@ -162,13 +162,16 @@ DC_FN bool sel_has(const DcSel& s, u64 key, int i) {
   return m > s.prefix || (m == s.prefix && i <= s.cutoff);
 }
 
+/* top: the highest digit shift to examine; every key must be < 2**(top + 8)
+ * (the skipped digits are zero in every key, so the passes over them would
+ * pick bin 0 with `need` unchanged). */
 template <class G>
-DC_FN DcSel block_select(G get, int n, int K, DcShared& sh) {
+DC_FN DcSel block_select(G get, int n, int K, DcShared& sh, int top = 56) {
   DcSel s; s.prefix = 0; s.mask = 0; s.cutoff = n - 1;
   if (K >= n) return s;
   int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
   u64 prefix = 0, mask = 0; int need = K; bool done = false;
-  for (int shift = 56; shift >= 0 && !done; shift -= 8) {
+  for (int shift = top; shift >= 0 && !done; shift -= 8) {
     for (int b = tid; b < 256; b += nt) sh.hist[b] = 0;
     __syncthreads();
 #pragma unroll 4

@@ -261,7 +261,9 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
   }
   if (remaining > 0) {
     if (policy == 0) {
-      DcSel s = block_select([&](int i) { return sc[i]; }, V, (int)remaining, sh);
+      /* remainders are < S: start at the digit of bitlen(S - 1) */
+      const int bl = dy_bitlen64(S - 1), top = bl ? ((bl - 1) / 8) * 8 : 0;
+      DcSel s = block_select([&](int i) { return sc[i]; }, V, (int)remaining, sh, top);
 #pragma unroll 8
       for (int v = tid; v < V; v += nt) if (sel_has(s, sc[v], v)) crow[v] += 1;
     } else if (tid == 0) {
@@ -299,10 +301,8 @@ extern "C" __global__ void __launch_bounds__(256) dc_draw(
  * Reads every target row once (the memory floor of an exact T). */
 #define VTILE 4096
 #define VPT (VTILE / 256)
-extern "C" __global__ void __launch_bounds__(256) dc_vpart(
+DC_FN void vpart_body(const int r, const int tile, DcShared& sh,
     const u32* target, int V, int ntiles, u64* part_lo, u64* part_hi, u64* part_max, u32* part_bad) {
-  __shared__ DcShared sh;
-  const int tile = blockIdx.y, r = blockIdx.x;
   const u32* t = target + (i64)r * V;
   int lo = tile * VTILE, hi = min(V, lo + VTILE);
   /* split sums as in dy_target_row_total: <= VTILE / 256 terms per thread.
@@ -334,23 +334,28 @@ extern "C" __global__ void __launch_bounds__(256) dc_vpart(
   }
 }
 
+extern "C" __global__ void __launch_bounds__(256) dc_vpart(
+    const u32* target, int V, int ntiles, u64* part_lo, u64* part_hi, u64* part_max, u32* part_bad) {
+  __shared__ DcShared sh;
+  vpart_body(blockIdx.x, blockIdx.y, sh, target, V, ntiles, part_lo, part_hi, part_max, part_bad);
+}
+
 /* ------------------------------------------------------------------------
  * verify 2/4: one warp per request: row totals, status, acceptance chain
  * (dy_accept of the shared core). */
-extern "C" __global__ void dc_vchain(
+DC_FN void vchain_body(const int b, const int lane,
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
     int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
     const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     int* res_row, u64* res_T, int* accepted, int* tokens, int* status) {
-  const int b = blockIdx.x, lane = threadIdx.x;
   __shared__ u64 Tl[64], Th[64]; __shared__ int amax[64], badr[64];
   int* tok = tokens + (i64)b * (k + 1);
   for (int i = 0; i <= k; ++i) {
     const i64 o = ((i64)b * (k + 1) + i) * ntiles;
     dy_u128 s = dy_make128(0, 0); u64 mx = 0; u32 bad = 0;
     for (int t = lane; t < ntiles; t += 32) {
-      s = dy_add128(s, dy_make128(part_hi[o + t], part_lo[o + t]));
-      u64 m = part_max[o + t]; mx = m > mx ? m : mx; bad |= part_bad[o + t];
+      s = dy_add128(s, dy_make128(__ldcg(&part_hi[o + t]), __ldcg(&part_lo[o + t])));
+      u64 m = __ldcg(&part_max[o + t]); mx = m > mx ? m : mx; bad |= __ldcg(&part_bad[o + t]);
     }
     s = warp_sum128(s); mx = warp_max64(mx); bad = __any_sync(0xffffffffu, bad != 0);
     if (lane == 0 && i < 64) { Tl[i] = s.lo; Th[i] = s.hi; amax[i] = (int)(0xFFFFFFFFu - (u32)mx); badr[i] = bad; }
@@ -410,6 +415,37 @@ extern "C" __global__ void dc_vchain(
   status[b] = DY_ST_OK;
 }
 
+extern "C" __global__ void dc_vchain(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
+    int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
+    const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    int* res_row, u64* res_T, int* accepted, int* tokens, int* status) {
+  vchain_body(blockIdx.x, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
+}
+
+/* verify 1+2 fused: grid (B * (k + 1), ntiles); the last block of a request
+ * (atomic counter after __threadfence; reset by that block, so CUDA-graph
+ * replays start at zero) runs the acceptance chain with its first warp.
+ * No block waits for another. */
+extern "C" __global__ void __launch_bounds__(256) dc_vpart_chain(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
+    int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
+    const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    int* res_row, u64* res_T, int* accepted, int* tokens, int* status, u32* vcnt) {
+  __shared__ DcShared sh;
+  __shared__ int is_last;
+  const int r = blockIdx.x, tile = blockIdx.y, b = r / (k + 1);
+  vpart_body(r, tile, sh, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&vcnt[b], 1u) == (u32)((k + 1) * ntiles - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) vcnt[b] = 0;
+  if (threadIdx.x < 32) vchain_body(b, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
+}
+
 /* ------------------------------------------------------------------------
  * verify 3/4 and 4/4: the one residual (or bonus) draw per request that
  * needs it, spread over many blocks: per-tile 128-bit sums of the residual
@@ -454,14 +490,11 @@ DC_FN dy_u128 res_weight(const ResRow& r, int v) {
 }
 
 #define RTILE VTILE
-extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
+DC_FN void vrpart_body(const int tile, const int b, DcShared& sh,
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const int* res_row, const u64* res_T, u64* rpart) {
-  __shared__ DcShared sh;
   __shared__ int snv;
-  const int tile = blockIdx.x, b = blockIdx.y;
   const int i = res_row[b];
-  if (i < 0) return;
   ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
   const int lo = tile * RTILE, hi = min(V, lo + RTILE);
   /* loads first (one latency per block), then the 128-bit sums; 256 threads */
@@ -489,21 +522,27 @@ extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
   if (threadIdx.x == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
+extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
+    const int* res_row, const u64* res_T, u64* rpart) {
+  __shared__ DcShared sh;
+  if (res_row[blockIdx.y] < 0) return;
+  vrpart_body(blockIdx.x, blockIdx.y, sh, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
+}
+
+DC_FN void vrdraw_body(const int b, DcShared& sh,
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     const int* res_row, const u64* res_T, const u64* rpart, int* accepted, int* tokens, int* status) {
-  __shared__ DcShared sh;
   __shared__ int snv, stile, sok;
   __shared__ dy_u128 sx;
-  const int b = blockIdx.x;
   const int i = res_row[b];
   if (i < 0) return;
   ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
   if (threadIdx.x == 0) {
     const u64* rp = rpart + 2 * (i64)b * nrt;
     dy_u128 tot = dy_make128(0, 0);
-    for (int t = 0; t < nrt; ++t) tot = dy_add128(tot, dy_make128(rp[2 * t + 1], rp[2 * t]));
+    for (int t = 0; t < nrt; ++t) tot = dy_add128(tot, dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])));
     DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
     u32 idx = 0; dy_u128 x = dy_make128(0, 0);
     int ok = !dy_is_zero128(tot) &&
@@ -513,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
     if (ok) {
       dy_u128 cum = dy_make128(0, 0);
       for (int t = 0; t < nrt; ++t) {
-        dy_u128 nc = dy_add128(cum, dy_make128(rp[2 * t + 1], rp[2 * t]));
+        dy_u128 nc = dy_add128(cum, dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])));
         if (dy_lt128(x, nc)) { tile = t; x = dy_sub128(x, cum); break; }
         cum = nc;
       }
@@ -531,4 +570,34 @@ extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
     if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tokens[(i64)b * (k + 1) + q] = -1; }
     else tokens[(i64)b * (k + 1) + i] = j;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    const int* res_row, const u64* res_T, const u64* rpart, int* accepted, int* tokens, int* status) {
+  __shared__ DcShared sh;
+  vrdraw_body(blockIdx.x, sh, target, draft, qc, qi, W, k, V, nrt, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, rpart, accepted, tokens, status);
+}
+
+/* verify 3+4 fused: grid (nrt, B); the last block of a request (atomic
+ * counter after __threadfence, reset by that block) draws X and finds the
+ * token.  Requests without a residual row return at once in every block. */
+extern "C" __global__ void __launch_bounds__(256) dc_vresid_fused(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    const int* res_row, const u64* res_T, u64* rpart, int* accepted, int* tokens, int* status, u32* rcnt) {
+  __shared__ DcShared sh;
+  __shared__ int is_last;
+  const int tile = blockIdx.x, b = blockIdx.y;
+  if (res_row[b] < 0) return;
+  vrpart_body(tile, b, sh, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&rcnt[b], 1u) == (u32)(nrt - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) rcnt[b] = 0;
+  vrdraw_body(b, sh, target, draft, qc, qi, W, k, V, nrt, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, rpart, accepted, tokens, status);
 }
