@@ -48,7 +48,8 @@ _VTILE = 4096
 _RTILE = 4096
 _MAX_K_VERIFY = 63
 _KSMALL = 64  # top_k <= 64: rank-counting top-K (DC_KSMALL); larger: radix select
-# DYADIC_CUDA_TOPK=radix forces the radix-select path for every top_k (A/B parity runs)
+_FAST_MAX_BATCH = 16  # rank-counting top-K up to this batch, radix select above
+# DYADIC_CUDA_TOPK=radix / =rank forces one top-k path for every batch (A/B runs)
 _TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
 # DYADIC_CUDA_VERIFY=split: verify in four launches instead of two fused ones (A/B runs)
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
@@ -100,9 +101,11 @@ def module(dev=None):
 # pointers, 4-byte ints, in C parameter layout: struct '@' alignment) into one
 # buffer and calls cuLaunchKernel with CU_LAUNCH_PARAM_BUFFER_POINTER.  Every
 # kernel's parameter list ends with a pointer, so the buffer has no tail
-# padding.  Checked once per process against CuPy's path (dc_philox);
-# DYADIC_CUDA_LAUNCH=cupy forces CuPy's path.
-_LAUNCH_MODE = os.environ.get("DYADIC_CUDA_LAUNCH", "")
+# padding.  OPT-IN (DYADIC_CUDA_LAUNCH=packed): on the H200 image (cupy 14.2)
+# its one-time check against CuPy's path failed ("TypeError: an integer is
+# required" from driver.launchKernel), so CuPy's launch is the default; the
+# check also synchronises once, which must not happen inside a graph capture.
+_LAUNCH_MODE = os.environ.get("DYADIC_CUDA_LAUNCH", "cupy")
 _PACKED_OK = []  # [True/False] once checked
 _PACKED_WHY = []
 
@@ -152,7 +155,7 @@ class _Launcher:
 def _packed_ok():
     if not _PACKED_OK:
         ok = False
-        if _LAUNCH_MODE != "cupy":
+        if _LAUNCH_MODE == "packed":
             try:
                 cp = _cupy()
                 n = 37
@@ -367,7 +370,11 @@ class CupyBackend:
             sup_key = scratch("sup_key", 8 * batch * k)
             sup_rem = scratch("sup_rem", 8 * batch * k)
             sup_cnt = scratch("sup_cnt", 4 * batch * k)
-            fast = k <= _KSMALL and _TOPK_MODE != "radix"
+            # Rank-counting top-K where it measured faster on the H200 (B=1: 38 vs 53 us,
+            # B=4: 45 vs 52); at B=64 the radix path was faster (146 vs 165 us).  Both
+            # paths passed the full parity suite there (2026-11-29).
+            fast = k <= _KSMALL and (_TOPK_MODE == "rank"
+                                     or (_TOPK_MODE != "radix" and batch <= _FAST_MAX_BATCH))
             args = common + (np.int32(k), np.int32(kc), np.int32(ntiles), np.int32(policy),
                              np.int32(do_draw), np.int32(fast), *kptrs, np.int32(kfmt), cand_key, cand_id,
                              tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt,
