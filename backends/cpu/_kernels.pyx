@@ -119,7 +119,7 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
     cdef const uint32_t *qcp = NULL
     cdef const int32_t *qip = NULL
     cdef bint has_q = q_counts is not None, has_ids = q_ids is not None
-    cdef uint64_t[::1] ws = np.zeros(<Py_ssize_t>dy_verify_ws_words(V, k), np.uint64)
+    cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_verify_host_ws_words(V, k), np.uint64)
     if has_q:
         qc = q_counts
         W = <uint32_t>qc.shape[2]
@@ -133,6 +133,6 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
                 qcp = &qc[b, 0, 0]
             if has_ids and k:
                 qip = &qi[b, 0, 0]
-            status[b] = dy_verify_row(&t[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V,
+            status[b] = dy_verify_row_host(&t[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V,
                                       greedy[b], seed[b], generation[b], round[b], position[b],
                                       &ws[0], &accepted[b], &tokens[b, 0])

@@ -15,6 +15,7 @@ cdef extern from "dyadic_core.h" nogil:
     uint64_t dy_weight_from_gap(double t)
     uint64_t dy_alloc_ws_words(uint32_t vocab, uint32_t top_k)
     uint64_t dy_verify_ws_words(uint32_t vocab, uint32_t k)
+    uint64_t dy_verify_host_ws_words(uint32_t vocab, uint32_t k)
     int dy_allocate_row(const float *x, const float *bias, double temperature, int logits,
                         int policy, uint32_t vocab, uint32_t top_k, uint32_t *counts,
                         int32_t *ids, uint64_t *ws, int32_t *argmax_out)
@@ -29,3 +30,7 @@ cdef extern from "dyadic_core.h" nogil:
                       const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
                       int greedy, uint64_t seed, uint32_t generation, uint32_t round,
                       uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens)
+    int dy_verify_row_host(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
+                           const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
+                           int greedy, uint64_t seed, uint32_t generation, uint32_t round,
+                           uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens)

@@ -1056,4 +1056,238 @@ DY_HOT int dy_verify_row(const uint32_t *target, const int32_t *draft, const uin
     return st;
 }
 
+/* ============ host fast path of verify (CPU only; not compiled by NVRTC) ============
+ * dy_verify_row_host: the same decisions, bits and statuses as dy_verify_row,
+ * with a branch-free residual.  R_v = max(P_v 2**24 - c_v T, 0) is positive
+ * exactly when P_v > thr(c_v) = c_v Th + floor(c_v Tl / 2**24) (T = Th 2**24
+ * + Tl; c_v <= 2**24 so every term fits 64 bits), so sum R = 2**24 SP - T SC
+ * with SP, SC the sums of P_v and c_v over those tokens.  The sums are kept
+ * per block of DY_VB tokens; the draw then scans the block prefix sums and
+ * only the block holding the token elementwise (exact dy_residual).  Sparse
+ * and point-mass q need no scatter: the block sums of P are corrected at
+ * the (few) support entries. */
+#if !defined(DY_CUDA)
+#define DY_VB 64u
+
+DY_FUNC uint64_t dy_verify_host_ws_words(uint32_t vocab, uint32_t k) {
+    return (uint64_t)k + 1u + 2ull * ((vocab + DY_VB - 1u) / DY_VB);
+}
+
+/* thr(c) with th = T >> 24, tl = T & (2**24 - 1): R > 0 iff P > thr(c). */
+DY_FUNC uint64_t dy_resid_thr(uint64_t c, uint64_t th, uint64_t tl) {
+    return c * th + ((c * tl) >> DY_TOTAL_BITS);
+}
+
+/* Block sums of P (scb = 0) of a validated target row. */
+DY_HOT void dy_block_sums_p(const uint32_t *row, uint32_t vocab, uint64_t *spb, uint64_t *scb) {
+    uint32_t v0, j, blk = 0;
+    for (v0 = 0; v0 < vocab; v0 += DY_VB, blk++) {
+        uint32_t n = vocab - v0 < DY_VB ? vocab - v0 : DY_VB;
+        uint64_t hi = 0, lo = 0;
+        for (j = 0; j < n; j++) {
+            uint64_t p = dy_target_fixed_fast(row[v0 + j]);
+            hi += p >> 32;
+            lo += p & 0xFFFFFFFFu;
+        }
+        spb[blk] = (hi << 32) + lo;
+        scb[blk] = 0;
+    }
+}
+
+/* Block sums of P_v and c_v over {v : R_v > 0} for a dense q row. */
+DY_HOT void dy_block_sums_dense(const uint32_t *row, const uint32_t *qc, uint32_t vocab,
+                                uint64_t total, uint64_t *spb, uint64_t *scb) {
+    const uint64_t th = total >> DY_TOTAL_BITS, tl = total & (DY_TOTAL - 1u);
+    uint32_t v0, j, blk = 0;
+    for (v0 = 0; v0 < vocab; v0 += DY_VB, blk++) {
+        uint32_t n = vocab - v0 < DY_VB ? vocab - v0 : DY_VB;
+        uint64_t sp = 0, sc = 0;
+        for (j = 0; j < n; j++) {
+            uint64_t p = dy_target_fixed_fast(row[v0 + j]);
+            uint64_t c = qc[v0 + j];
+            uint64_t m = (uint64_t)0 - (uint64_t)(p > dy_resid_thr(c, th, tl));
+            sp += p & m;
+            sc += c & m;
+        }
+        spb[blk] = sp;
+        scb[blk] = sc;
+    }
+}
+
+/* q count at v of a sparse row with nv valid ascending ids (binary search). */
+DY_FUNC uint32_t dy_sparse_at(const uint32_t *qc, const int32_t *qi, uint32_t nv, uint32_t v) {
+    uint32_t lo = 0, hi = nv;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) >> 1;
+        if ((uint32_t)qi[mid] < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < nv && (uint32_t)qi[lo] == v ? qc[lo] : 0u;
+}
+
+/* The residual draw of dy_verify_row on one validated row; q: dense (qc),
+ * sparse (qc, qi), or point mass at d (qc NULL). */
+DY_FUNC int dy_residual_draw_host(const uint32_t *row, const uint32_t *qc, const int32_t *qi,
+                                  uint32_t width, uint32_t vocab, int32_t d, uint64_t total,
+                                  uint64_t seed, uint32_t generation, uint32_t round,
+                                  uint32_t pos, uint64_t *spb, uint64_t *scb, int32_t *tok) {
+    const uint64_t th = total >> DY_TOTAL_BITS, tl = total & (DY_TOTAL - 1u);
+    uint32_t nb = (vocab + DY_VB - 1u) / DY_VB, blk, nv = 0, j, idx = 0;
+    uint64_t sp = 0, sc = 0;
+    dy_u128 sum, x, acc;
+    int st;
+    *tok = -1;
+    if (qc && !qi) {
+        dy_block_sums_dense(row, qc, vocab, total, spb, scb);
+    } else {
+        dy_block_sums_p(row, vocab, spb, scb);
+        if (qc) {
+            while (nv < width && qi[nv] >= 0) nv++;
+        } else {
+            nv = 1;
+        }
+        for (j = 0; j < nv; j++) {
+            uint32_t v = qc ? (uint32_t)qi[j] : (uint32_t)d;
+            uint64_t c = qc ? qc[j] : DY_TOTAL;
+            uint64_t p = dy_target_fixed(row[v]);
+            spb[v / DY_VB] -= p;
+            if (p > dy_resid_thr(c, th, tl)) {
+                spb[v / DY_VB] += p;
+                scb[v / DY_VB] += c;
+            }
+        }
+    }
+    for (blk = 0; blk < nb; blk++) {
+        sp += spb[blk];
+        sc += scb[blk];
+    }
+    sum = dy_sub128(dy_make128(sp >> (64 - DY_TOTAL_BITS), sp << DY_TOTAL_BITS), dy_mul64(sc, total));
+    if (dy_is_zero128(sum)) return DY_ST_ALLOC_INCONSISTENT; /* unreachable for a valid q */
+    st = dy_uniform_below_u128(sum, seed, generation, round, pos, DY_DOMAIN_CORRECTION, &idx, &x);
+    if (st) return st;
+    sp = sc = 0;
+    acc = dy_make128(0, 0);
+    for (blk = 0; blk < nb; blk++) {
+        dy_u128 cum;
+        uint64_t sp2 = sp + spb[blk], sc2 = sc + scb[blk];
+        cum = dy_sub128(dy_make128(sp2 >> (64 - DY_TOTAL_BITS), sp2 << DY_TOTAL_BITS),
+                        dy_mul64(sc2, total));
+        if (dy_lt128(x, cum)) break;
+        sp = sp2;
+        sc = sc2;
+    }
+    if (blk == nb) return DY_ST_ALLOC_INCONSISTENT; /* unreachable */
+    acc = dy_sub128(dy_make128(sp >> (64 - DY_TOTAL_BITS), sp << DY_TOTAL_BITS), dy_mul64(sc, total));
+    {
+        uint32_t v, v1 = (blk + 1u) * DY_VB < vocab ? (blk + 1u) * DY_VB : vocab;
+        for (v = blk * DY_VB; v < v1; v++) {
+            uint32_t c = qc ? (qi ? dy_sparse_at(qc, qi, nv, v) : qc[v])
+                            : ((int32_t)v == d ? DY_TOTAL : 0u);
+            acc = dy_add128(acc, dy_residual(dy_target_fixed_fast(row[v]), c, total));
+            if (dy_lt128(x, acc)) {
+                *tok = (int32_t)v;
+                return DY_ST_OK;
+            }
+        }
+    }
+    return DY_ST_ALLOC_INCONSISTENT; /* unreachable */
+}
+
+/* The bonus draw: first v with cumulative P > x, by block sums. */
+DY_FUNC int32_t dy_bonus_token_host(const uint32_t *row, uint32_t vocab, uint64_t x,
+                                    uint64_t *spb, uint64_t *scb) {
+    uint32_t nb = (vocab + DY_VB - 1u) / DY_VB, blk, v, v1;
+    uint64_t acc = 0;
+    dy_block_sums_p(row, vocab, spb, scb);
+    for (blk = 0; blk < nb; blk++) {
+        if (acc + spb[blk] > x) break;
+        acc += spb[blk];
+    }
+    if (blk == nb) return -1;
+    v1 = (blk + 1u) * DY_VB < vocab ? (blk + 1u) * DY_VB : vocab;
+    for (v = blk * DY_VB; v < v1; v++) {
+        acc += dy_target_fixed_fast(row[v]);
+        if (acc > x) return (int32_t)v;
+    }
+    return -1;
+}
+
+/* dy_verify_row with the host residual / bonus; ws: dy_verify_host_ws_words
+ * words (no zero-fill requirement). */
+DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
+                               const uint32_t *q_counts, const int32_t *q_ids, uint32_t width,
+                               uint32_t k, uint32_t vocab, int greedy, uint64_t seed,
+                               uint32_t generation, uint32_t round, uint32_t position,
+                               uint64_t *ws, int32_t *accepted, int32_t *tokens) {
+    uint64_t *totals = ws;
+    uint64_t *spb = ws + k + 1;
+    uint64_t *scb = spb + (vocab + DY_VB - 1u) / DY_VB;
+    uint32_t i;
+    int st = DY_ST_OK;
+    *accepted = 0;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    for (i = 0; i <= k; i++) {
+        st = dy_target_row_total(target + (uint64_t)i * vocab, vocab, &totals[i]);
+        if (st) return st;
+    }
+    if (!greedy) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
+        }
+    }
+    for (i = 0; i < k; i++) {
+        const uint32_t *row = target + (uint64_t)i * vocab;
+        const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+        const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+        int32_t d = draft[i], tok;
+        int ok;
+        uint32_t pos = position + i;
+        if (greedy) {
+            int32_t best = dy_first_argmax_bits(row, vocab);
+            if (d == best) {
+                tokens[i] = d;
+                continue;
+            }
+            tokens[i] = best;
+            *accepted = (int32_t)i;
+            return DY_ST_OK;
+        }
+        st = dy_accept(dy_target_fixed(row[d]), totals[i], dy_q_count(qc, qi, width, d, d), seed,
+                       generation, round, pos, &ok);
+        if (st) break;
+        if (ok) {
+            tokens[i] = d;
+            continue;
+        }
+        st = dy_residual_draw_host(row, qc, qi, width, vocab, d, totals[i], seed, generation,
+                                   round, pos, spb, scb, &tok);
+        if (st) break;
+        tokens[i] = tok;
+        *accepted = (int32_t)i;
+        return DY_ST_OK;
+    }
+    if (!st) {
+        const uint32_t *row = target + (uint64_t)k * vocab;
+        if (greedy) {
+            tokens[k] = dy_first_argmax_bits(row, vocab);
+        } else {
+            uint64_t x;
+            uint32_t idx = 0;
+            st = dy_uniform_below_u64(totals[k], seed, generation, round, position + k,
+                                      DY_DOMAIN_CORRECTION, &idx, &x);
+            if (!st) tokens[k] = dy_bonus_token_host(row, vocab, x, spb, scb);
+        }
+        if (!st) {
+            *accepted = (int32_t)k;
+            return DY_ST_OK;
+        }
+    }
+    *accepted = 0;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    return st;
+}
+#endif /* !DY_CUDA */
+
 #endif /* DYADIC_CORE_H */
