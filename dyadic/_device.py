@@ -172,9 +172,13 @@ def _get_out(out, name, shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _x_bias(x, bias, name):
+def _x_bias(x, bias, name, be):
+    """x as a [B, V] torch view and bias as [1 or B, V]; float16/bfloat16 are
+    widened to float32 (exact) for backends that read float32 only (numba)."""
     x, kind = _as_torch(x)
     _float_dtype(x, name)
+    if x.dtype != _torch().float32 and not getattr(be, "reads_half_precision", False):
+        x = x.float()
     if x.dim() < 1:
         raise ValueError(f"{name}: expected shape [..., V], got a scalar")
     batch_shape, v = tuple(x.shape[:-1]), int(x.shape[-1])
@@ -187,6 +191,8 @@ def _x_bias(x, bias, name):
             bias = torch.as_tensor(np.asarray(bias))
         bias = bias.to(x.device)
         _float_dtype(bias, "bias")
+        if bias.dtype != torch.float32 and not getattr(be, "reads_half_precision", False):
+            bias = bias.float()
         if tuple(bias.shape[-1:]) != (v,):
             raise ValueError(f"bias: last dimension {tuple(bias.shape[-1:])} does not match "
                              f"the vocabulary {v}")
@@ -209,7 +215,7 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
     torch = _torch()
     code = _validate.policy(policy)
     be = _backend.get(backend)
-    x2, b2, batch_shape, v, kind = _x_bias(x, bias, "x")
+    x2, b2, batch_shape, v, kind = _x_bias(x, bias, "x", be)
     batch = x2.shape[0]
     if logits:
         temp = _temperature(temperature, batch, x2.device, False, check)
@@ -244,7 +250,7 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
     torch = _torch()
     code = _validate.policy(policy)
     be = _backend.get(backend)
-    x2, b2, batch_shape, v, kind = _x_bias(logits, bias, "logits")
+    x2, b2, batch_shape, v, kind = _x_bias(logits, bias, "logits", be)
     if len(batch_shape) != 1:
         raise ValueError(f"logits: expected shape [B, V], got {batch_shape + (v,)}")
     batch = x2.shape[0]

@@ -114,3 +114,31 @@ def test_gpu_device_arrays_in_and_out():
                *(cuda.to_device(a) for a in keys), *dev)
     for h, d in zip(host, dev):
         np.testing.assert_array_equal(h, d.copy_to_host())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("top_k", [None, 32])
+def test_gpu_torch_device_path(dtype, top_k):
+    """torch CUDA tensors through the public API (dyadic/_device.py): half-precision
+    logits are widened exactly for numba; outputs stay on the device."""
+    import dyadic
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    rng = np.random.default_rng(33)
+    b, v, k = 3, 32000, 5
+    x = torch.from_numpy((rng.normal(size=(b, v)) * 3).astype(np.float32)).to(getattr(torch, dtype))
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=17)
+    t1, q1 = dyadic.propose(x.cuda(), keys, top_k=top_k, backend="numba")
+    t2, q2 = dyadic.propose(x, keys, top_k=top_k, backend=OTHER)
+    assert t1.is_cuda and q1.counts.is_cuda
+    np.testing.assert_array_equal(t1.cpu().numpy(), t2.numpy())
+    np.testing.assert_array_equal(q1.counts.cpu().numpy(), q2.counts.numpy())
+    z = rng.normal(size=(b, k + 1, v)) * 3
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p = (p / p.sum(-1, keepdims=True)).astype(np.float32)
+    draft = rng.integers(0, v, size=(b, k)).astype(np.int32)
+    r1 = dyadic.verify(torch.from_numpy(p).cuda(), torch.from_numpy(draft).cuda(), None, keys,
+                       backend="numba")
+    r2 = dyadic.verify(p, draft, None, keys, backend=OTHER)
+    np.testing.assert_array_equal(r1.tokens.cpu().numpy(), r2.tokens)

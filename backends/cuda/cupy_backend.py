@@ -327,6 +327,8 @@ def _x_code(x):
 
 class CupyBackend:
     name = "cuda"
+    #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
+    reads_half_precision = True
 
     def usable(self):
         try:
