@@ -675,6 +675,107 @@ DY_FUNC int dy_logit_status(double z) {
     return z != z ? DY_ST_X_NAN : DY_ST_X_POSINF;
 }
 
+#if !defined(DY_CUDA)
+/* Host top-k of logits without bias (z = x / temperature, monotone
+ * non-decreasing in x).  Pass 1: per block of 64 the float maximum and a
+ * NaN/+inf flag.  With t the k-th largest block maximum, at least k tokens
+ * have z >= zt = z(t), so every token of the top k (ties to the lowest id
+ * included) has z >= zt and lies in a block whose maximum has z >= zt; pass
+ * 2 runs the exact heap over those blocks only, in id order.  Returns 0
+ * (nothing decided; the caller takes the exact streaming path) for a row
+ * with NaN/+inf, an overflowing z, no finite z, or sizes out of range. */
+#define DY_PMAXB 8192u
+DY_FUNC float dy_key_float(int32_t key) {
+    union {
+        uint32_t u;
+        float f;
+    } c;
+    c.u = (uint32_t)(key ^ ((key >> 31) & 0x7FFFFFFF));
+    return c.f;
+}
+DY_HOT int dy_topk_logits_host(const float *x, double temperature, uint32_t vocab, uint32_t k,
+                               uint64_t *hk, uint32_t *hid, uint32_t *size, double *zmax_out,
+                               uint32_t *arg_out) {
+    int32_t bkey[DY_PMAXB], th[256], gkey = INT32_MIN;
+    const uint32_t *bits = (const uint32_t *)x;
+    const double inf = dy_inf();
+    uint32_t nb = (vocab + 63u) / 64u, blk, j, bad = 0, hn = 0, arg = 0;
+    float t, gmax;
+    double zt, zmax = -inf;
+    if (nb > DY_PMAXB || k > nb || k > 256u || *size != 0) return 0;
+    for (blk = 0; blk < nb; blk++) {
+        uint32_t v0 = blk * 64u, n = vocab - v0 < 64u ? vocab - v0 : 64u, bd = 0;
+        int32_t m = INT32_MIN;
+        /* integer order key of a non-NaN float (-0.0 just below +0.0): a
+         * vectorisable max; NaN/+inf are flagged and fall back */
+        for (j = 0; j < n; j++) {
+            uint32_t b = bits[v0 + j];
+            int32_t sb = (int32_t)b, key = sb ^ ((sb >> 31) & 0x7FFFFFFF);
+            bd |= (uint32_t)((b & 0x7FFFFFFFu) >= 0x7F800000u) & (uint32_t)(b != 0xFF800000u);
+            m = key > m ? key : m;
+        }
+        bad |= bd;
+        bkey[blk] = m;
+    }
+    if (bad) return 0;
+    for (blk = 0; blk < nb; blk++) { /* min-heap of the k largest block maxima */
+        int32_t m = bkey[blk];
+        uint32_t i;
+        gkey = m > gkey ? m : gkey;
+        if (hn < k) {
+            i = hn++;
+            th[i] = m;
+            while (i && th[(i - 1) / 2] > th[i]) {
+                int32_t tmp = th[i];
+                th[i] = th[(i - 1) / 2];
+                th[(i - 1) / 2] = tmp;
+                i = (i - 1) / 2;
+            }
+        } else if (m > th[0]) {
+            th[0] = m;
+            i = 0;
+            for (;;) {
+                uint32_t l = 2 * i + 1, r = l + 1, w = i;
+                int32_t tmp;
+                if (l < k && th[l] < th[w]) w = l;
+                if (r < k && th[r] < th[w]) w = r;
+                if (w == i) break;
+                tmp = th[i];
+                th[i] = th[w];
+                th[w] = tmp;
+                i = w;
+            }
+        }
+    }
+    gmax = dy_key_float(gkey);
+    if (!(gmax > (float)-inf)) return 0;
+    if (!(dy_effective_logit(gmax, DY_NULL, 0, temperature) < inf)) return 0;
+    t = dy_key_float(th[0]);
+    zt = dy_effective_logit(t, DY_NULL, 0, temperature);
+    for (blk = 0; blk < nb; blk++) {
+        uint32_t v0 = blk * 64u, n;
+        float fb = dy_key_float(bkey[blk]);
+        if (!(fb >= t) &&
+            !(temperature != 1.0 && dy_effective_logit(fb, DY_NULL, 0, temperature) >= zt))
+            continue;
+        n = vocab - v0 < 64u ? vocab - v0 : 64u;
+        for (j = 0; j < n; j++) {
+            double zv = dy_effective_logit(x[v0 + j], DY_NULL, 0, temperature);
+            uint64_t key;
+            if (zv > zmax) {
+                zmax = zv;
+                arg = v0 + j;
+            }
+            key = dy_order_key(zv);
+            if (*size < k || key > hk[0]) dy_heap_offer(hk, hid, size, k, key, v0 + j);
+        }
+    }
+    *zmax_out = zmax;
+    *arg_out = arg;
+    return 1;
+}
+#endif
+
 /* One row of allocate (allocation.allocate_row).
  * x: float32 [V] (weights when !logits, logits otherwise); bias: float32 [V]
  * or NULL (logits only); temperature > 0 (logits only); policy
@@ -731,7 +832,48 @@ DY_HOT int dy_allocate_row(const float *x, const float *bias, double temperature
         uint32_t *idx = (uint32_t *)(ws + 2 * k + (k + 1u) / 2u);
         double zmax = 0.0;
         int emax = 0;
-        if (logits) {
+        int host_done = 0;
+#if !defined(DY_CUDA)
+        if (logits && !bias)
+            host_done = dy_topk_logits_host(x, temperature, vocab, k, hk, hid, &size, &zmax, &arg);
+#endif
+        if (host_done) {
+        } else if (logits && !bias) {
+            /* No bias: z = x / temperature is monotone non-decreasing in x, so
+             * with the heap full every x below the x of the heap root has
+             * z <= the root's z and can change neither the heap nor the
+             * argmax: a float compare against that x (plus a NaN bit test)
+             * prefilters each block; candidates take the exact path. */
+            const double inf = dy_inf();
+            float xthr = (float)-inf;
+            uint32_t v0;
+            zmax = -inf;
+            for (v0 = 0; v0 < vocab; v0 += DY_BLOCK) {
+                uint32_t n = vocab - v0 < DY_BLOCK ? vocab - v0 : DY_BLOCK, j, flag = 0;
+                const float *xb = x + v0;
+                const uint32_t *bb = bits + v0;
+                for (j = 0; j < n; j++)
+                    flag |= (uint32_t)((bb[j] & 0x7FFFFFFFu) > 0x7F800000u) | (uint32_t)(xb[j] >= xthr);
+                if (!flag) continue;
+                for (j = 0; j < n; j++) {
+                    double zv;
+                    uint64_t key;
+                    if (!(xb[j] >= xthr) && (bb[j] & 0x7FFFFFFFu) <= 0x7F800000u) continue;
+                    zv = dy_effective_logit(xb[j], DY_NULL, 0, temperature);
+                    if (!(zv < inf)) return dy_logit_status(zv);
+                    if (zv > zmax) {
+                        zmax = zv;
+                        arg = v0 + j;
+                    }
+                    key = dy_order_key(zv);
+                    if (size < k || key > hk[0]) {
+                        dy_heap_offer(hk, hid, &size, k, key, v0 + j);
+                        if (size == k) xthr = x[hid[0]];
+                    }
+                }
+            }
+            if (!(zmax > -inf)) return DY_ST_X_ZERO_MASS;
+        } else if (logits) {
             const double inf = dy_inf();
             double zb[DY_BLOCK], thr = -inf;
             uint32_t v0;
