@@ -128,6 +128,7 @@ def _temperature(temperature, batch, device, allow_zero, check):
 
 
 _TEMP_CACHE = {}
+_ZEROS_U8 = {}
 
 
 def _keys(keys, batch, device, check, extra=0):
@@ -136,10 +137,19 @@ def _keys(keys, batch, device, check, extra=0):
     if not isinstance(keys, Keys):
         raise TypeError(f"keys: expected dyadic.Keys, got {type(keys).__name__}")
     fields = (keys.seed, keys.generation, keys.round, keys.position)
+    _key_dtypes()
     on_dev = [isinstance(f, torch.Tensor) and f.device.type == "cuda" for f in fields]
     if not any(on_dev):
         host = keys.broadcast(batch, position_extra=extra)
         return tuple(host)  # NumPy: the backend uploads them in one copy
+    if not check and all(on_dev):
+        # hot path: 1-D contiguous integer device fields of length B or 1 pass as they are
+        for f in fields:
+            if (f.dim() != 1 or f.shape[0] not in (1, batch) or not f.is_contiguous()
+                    or f.dtype not in _KEY_DTYPES):
+                break
+        else:
+            return fields
     if check:
         host = Keys(*[f.cpu() if d else f for f, d in zip(fields, on_dev)])
         host.broadcast(batch, position_extra=extra)
@@ -159,6 +169,17 @@ def _keys(keys, batch, device, check, extra=0):
             raise TypeError(f"keys.{name}: device keys need 32- or 64-bit integers")
         out.append(f.contiguous())
     return tuple(out)
+
+
+_KEY_DTYPES = ()
+
+
+def _key_dtypes():
+    global _KEY_DTYPES
+    if not _KEY_DTYPES:
+        torch = _torch()
+        _KEY_DTYPES = (torch.int64, torch.int32, torch.uint32, torch.uint64)
+    return _KEY_DTYPES
 
 
 def _get_out(out, name, shape, dtype, device):
@@ -326,8 +347,11 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             raise ValueError(f"q: vocab_size {q.vocab_size} does not match target's {v}")
         qc = torch.as_tensor(q.counts, device=dev).contiguous()
         qi = None if q.ids is None else torch.as_tensor(q.ids, device=dev).contiguous()
-    if greedy is None:
-        g = torch.zeros(b, dtype=torch.uint8, device=dev)
+    if greedy is None:  # cached zeros per (device, B): no allocation or memset per call
+        g = _ZEROS_U8.get((dev, b))
+        if g is None:
+            g = torch.zeros(b, dtype=torch.uint8, device=dev)
+            _ZEROS_U8[(dev, b)] = g
     else:
         g = torch.as_tensor(greedy, device=dev)
         if g.dtype != torch.bool:

@@ -103,6 +103,17 @@ def main():
                 r[name] = round(graph_time(fn), 1)
             except Exception as e:  # noqa: BLE001
                 r[name] = f"error: {type(e).__name__}: {e}"[:120]
+        # A/B: the previous verify kernels (4096 tiles, DYADIC_CUDA_VERIFY=old) in the same run
+        from dyadic.backends.cuda import cupy_backend as _cb
+        _prev = _cb._VERIFY_MODE
+        _cb._VERIFY_MODE = "old"
+        try:
+            r["verify_k5_dense_OLD"] = round(graph_time(ver), 1)
+        except Exception as e:  # noqa: BLE001
+            r["verify_k5_dense_OLD"] = f"error: {type(e).__name__}: {e}"[:120]
+        finally:
+            _cb._VERIFY_MODE = _prev
+        r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)
         r["eager_host_verify_us"] = round(eager_host(ver), 1)

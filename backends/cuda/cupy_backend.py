@@ -51,12 +51,14 @@ _KSMALL = 64  # top_k <= 64: rank-counting top-K (DC_KSMALL); larger: radix sele
 _FAST_MAX_BATCH = 16  # rank-counting top-K up to this batch, radix select above
 # DYADIC_CUDA_TOPK=radix / =rank forces one top-k path for every batch (A/B runs)
 _TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
-# DYADIC_CUDA_VERIFY=split: verify in four launches instead of two fused ones (A/B runs)
+# DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
+# (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 
 _MODULES = {}
 _FUNCS = {}
 _SCRATCH = {}
+_PLANS = {}  # (kind, device, shape...) -> launch plan (tiles, scratch, kernels)
 
 
 def _cupy():
@@ -199,6 +201,26 @@ def scratch(name, nbytes, zero=False):
         buf = cp.zeros(max(int(nbytes), 8) // 8 + 1, dtype=cp.uint64)
         _SCRATCH[key] = buf
     return buf
+
+
+_NSM = {}
+
+
+def _num_sms():
+    dev = _device_id()
+    n = _NSM.get(dev)
+    if n is None:
+        n = int(_cupy().cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
+        _NSM[dev] = n
+    return n
+
+
+def _tile_for(v, rows, nsm, cap):
+    """Tile length (a multiple of 1024, at most cap) giving >= ~4 blocks per SM."""
+    want = max(1, -(-4 * nsm // max(rows, 1)))
+    t = -(-v // want)
+    t = -(-t // 1024) * 1024
+    return max(1024, min(cap, t))
 
 
 _EXT_STREAMS = {}
@@ -363,15 +385,16 @@ class CupyBackend:
             k = int(top_k)
             kc = min(k, _TILE)
             ntiles = (v + _TILE - 1) // _TILE
-            n = batch * ntiles * kc
-            cand_key = scratch("cand_key", 8 * n)
-            cand_id = scratch("cand_id", 4 * n)
-            tile_bad = scratch("tile_bad", 8 * batch * ntiles)
-            counters = scratch("counters", 4 * batch)
-            sup_id = scratch("sup_id", 4 * batch * k)
-            sup_key = scratch("sup_key", 8 * batch * k)
-            sup_rem = scratch("sup_rem", 8 * batch * k)
-            sup_cnt = scratch("sup_cnt", 4 * batch * k)
+            pk = ("topk", _device_id(), batch, v, k)
+            bufs = _PLANS.get(pk)
+            if bufs is None:  # scratch buffers cached per (device, shape): no lookups per call
+                n = batch * ntiles * kc
+                bufs = (scratch("cand_key", 8 * n), scratch("cand_id", 4 * n),
+                        scratch("tile_bad", 8 * batch * ntiles), scratch("counters", 4 * batch),
+                        scratch("sup_id", 4 * batch * k), scratch("sup_key", 8 * batch * k),
+                        scratch("sup_rem", 8 * batch * k), scratch("sup_cnt", 4 * batch * k))
+                _PLANS[pk] = bufs
+            cand_key, cand_id, tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt = bufs
             # Rank-counting top-K where it measured faster on the H200 (B=1: 38 vs 53 us,
             # B=4: 45 vs 52); at B=64 the radix path was faster (146 vs 165 us).  Both
             # paths passed the full parity suite there (2026-11-29).
@@ -418,9 +441,47 @@ class CupyBackend:
                              f"tokens per request, got k={k}")
         call = _Call()
         w = 0 if q_counts is None else int(q_counts.shape[-1])
+        rows = batch * k1
+        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
+        t, d = call(target), call(draft)
+        qc, qi, g = call(q_counts), call(q_ids), call(greedy)
+        a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
+        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
+        if _VERIFY_MODE not in ("split", "old"):
+            # bandwidth path: runtime tiles (>= ~4 blocks per SM), 16-byte loads, one
+            # block reduction per tile; residual tiles spread over many blocks.  The
+            # launch plan (tiles, scratch buffers) is cached per (device, shape).
+            dev = _device_id()
+            pk = ("verify", dev, batch, k1, v)
+            plan = _PLANS.get(pk)
+            if plan is None:
+                nsm = _num_sms()
+                vt = _tile_for(v, rows, nsm, 16384)
+                nt1 = (v + vt - 1) // vt
+                rt = _tile_for(v, batch, nsm, 8192)
+                nrt2 = (v + rt - 1) // rt
+                plan = (nt1, rt, nrt2, vt,
+                        (scratch("part_lo", 8 * rows * nt1), scratch("part_hi", 8 * rows * nt1),
+                         scratch("part_max", 8 * rows * nt1), scratch("part_bad", 4 * rows * nt1)),
+                        scratch("res_row", 4 * batch), scratch("res_T", 8 * batch),
+                        scratch("rpart", 16 * batch * nrt2), scratch("vcnt", 4 * batch),
+                        scratch("rcnt", 4 * batch), _kernel("dc_v1"), _kernel("dc_v2"))
+                _PLANS[pk] = plan
+            nt1, rt, nrt2, vt, parts, res_row, res_t, rpart, vcnt, rcnt, k1fn, k2fn = plan
+            vec_t = v % 4 == 0 and int(t) % 16 == 0
+            vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
+            k1fn((nt1, rows), (256,),
+                 (t, d, qc, qi, w32, g, np.int32(batch), k32, v32, np.int32(nt1), *parts,
+                  *kptrs, np.int32(kfmt), res_row, res_t, a, tk, st, vcnt, np.int32(vt),
+                  np.int32(vec_t)))
+            k2fn((nrt2, batch), (256,),
+                 (t, d, qc, qi, w32, k32, v32, np.int32(nrt2), *kptrs, np.int32(kfmt),
+                  res_row, res_t, rpart, a, tk, st, rcnt, np.int32(rt), np.int32(vec_t),
+                  np.int32(vec_q)))
+            call.finish()
+            return
         ntiles = (v + _VTILE - 1) // _VTILE
         nrt = (v + _RTILE - 1) // _RTILE
-        rows = batch * k1
         part_lo = scratch("part_lo", 8 * rows * ntiles)
         part_hi = scratch("part_hi", 8 * rows * ntiles)
         part_max = scratch("part_max", 8 * rows * ntiles)
@@ -428,11 +489,6 @@ class CupyBackend:
         res_row = scratch("res_row", 4 * batch)
         res_t = scratch("res_T", 8 * batch)
         rpart = scratch("rpart", 16 * batch * nrt)
-        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
-        t, d = call(target), call(draft)
-        qc, qi, g = call(q_counts), call(q_ids), call(greedy)
-        a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
-        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
         chain_args = (t, d, qc, qi, w32, g, np.int32(batch), k32, v32, np.int32(ntiles), part_lo,
                       part_hi, part_max, part_bad, *kptrs, np.int32(kfmt), res_row, res_t, a, tk,
                       st)
