@@ -22,8 +22,13 @@ def _alloc_outputs(batch, v, width):
 
 def _dyadic(counts, ids, batch_shape, v, policy, kind):
     shape = tuple(batch_shape) + (counts.shape[-1],)
-    c = _arrays.output(counts.reshape(shape), kind)
-    i = None if ids is None else _arrays.output(ids.reshape(shape), kind)
+    if counts.shape != shape:
+        counts = counts.reshape(shape)
+        ids = None if ids is None else ids.reshape(shape)
+    if kind != "numpy":
+        counts = _arrays.output(counts, kind)
+        ids = None if ids is None else _arrays.output(ids, kind)
+    c, i = counts, ids
     return Dyadic(c, i, vocab_size=v, policy=policy, _trusted=True)
 
 
@@ -102,7 +107,8 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     status = np.zeros(batch, dtype=np.int32)
     if batch:
         be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
-    _status.raise_for_status(status, _row_label(batch_shape))
+    if status.any():
+        _status.raise_for_status(status, _row_label(batch_shape))
     return _dyadic(counts, ids, batch_shape, v, policy, kind)
 
 
@@ -180,7 +186,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     status = np.zeros(batch, dtype=np.int32)
     if batch:
         be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
-    _status.raise_for_status(status, lambda r: r)
+    if status.any():
+        _status.raise_for_status(status, lambda r: r)
     q = _dyadic(counts, ids, batch_shape, v, policy, kind)
     return _arrays.output(tokens, kind), q
 
@@ -232,7 +239,8 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     status = np.zeros(batch, dtype=np.int32)
     if batch:
         be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
-    _status.raise_for_status(status)
+    if status.any():
+        _status.raise_for_status(status)
     return Verdict(_arrays.output(accepted, kind), _arrays.output(tokens, kind))
 
 

@@ -53,6 +53,14 @@ class Keys:
         ``position_extra``: the largest offset added to ``position`` by the
         caller (``k`` for verify), which must also stay in range.
         """
+        s, g, r, p = self.seed, self.generation, self.round, self.position
+        if (type(s) is int and type(g) is int and type(r) is int and type(p) is int
+                and 0 <= s <= _spec.SEED_MAX and 0 <= g <= _spec.GENERATION_MAX
+                and 0 <= r <= _spec.ROUND_MAX and 0 <= p <= _spec.POSITION_MAX - position_extra
+                and batch <= 64):
+            # fast path: valid Python ints, small batch (same arrays as below)
+            return (np.array([s] * batch, dtype=np.uint64), np.array([g] * batch, dtype=np.uint32),
+                    np.array([r] * batch, dtype=np.uint32), np.array([p] * batch, dtype=np.uint32))
         out = []
         for (name, hi, dtype), value in zip(_KEY_FIELDS, (self.seed, self.generation,
                                                           self.round, self.position)):

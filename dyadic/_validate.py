@@ -10,6 +10,9 @@ import numpy as np
 
 from . import _arrays, _spec
 
+_I64 = 1 << 63
+_INF = float("inf")
+
 
 def policy(name):
     if name not in _spec.POLICY_CODES:
@@ -36,6 +39,13 @@ def top_k(k, v):
 
 def temperature(t, batch, *, allow_zero):
     """Temperatures as float64 [batch]; each finite and > 0 (or == 0 if allowed)."""
+    if type(t) is float or (type(t) is int and -_I64 <= t < _I64):
+        # fast path for a Python scalar: same values and messages as below
+        f = float(t)
+        if batch and not (f > 0.0 and f != _INF or (allow_zero and f == 0.0)):
+            rule = ">= 0 (0 means greedy argmax)" if allow_zero else "> 0"
+            raise ValueError(f"temperature: row 0: value {f!r} must be finite and {rule}")
+        return np.array([f] * batch, dtype=np.float64) if batch <= 64 else np.full(batch, f)
     if _arrays.is_torch(t):
         t = t.detach().cpu().numpy()
     arr = np.asarray(t)
