@@ -113,6 +113,14 @@ def main():
             r["verify_k5_dense_OLD"] = f"error: {type(e).__name__}: {e}"[:120]
         finally:
             _cb._VERIFY_MODE = _prev
+        for stg in (1, 2):  # where the verify time goes (one stage launched; results unused)
+            _cb._STAGE_ONLY = stg
+            try:
+                r[f"verify_dense_stage{stg}_only"] = round(graph_time(ver), 1)
+            except Exception as e:  # noqa: BLE001
+                r[f"verify_dense_stage{stg}_only"] = f"error: {type(e).__name__}"[:60]
+            finally:
+                _cb._STAGE_ONLY = 0
         r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)

@@ -58,6 +58,7 @@ _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 _MODULES = {}
 _FUNCS = {}
 _SCRATCH = {}
+_STAGE_ONLY = 0  # benchmark only: 1 / 2 launches just that verify stage (results invalid)
 _PLANS = {}  # (kind, device, shape...) -> launch plan (tiles, scratch, kernels)
 
 
@@ -470,11 +471,13 @@ class CupyBackend:
             nt1, rt, nrt2, vt, parts, res_row, res_t, rpart, vcnt, rcnt, k1fn, k2fn = plan
             vec_t = v % 4 == 0 and int(t) % 16 == 0
             vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
-            k1fn((nt1, rows), (256,),
+            if _STAGE_ONLY != 2:
+              k1fn((nt1, rows), (256,),
                  (t, d, qc, qi, w32, g, np.int32(batch), k32, v32, np.int32(nt1), *parts,
                   *kptrs, np.int32(kfmt), res_row, res_t, a, tk, st, vcnt, np.int32(vt),
                   np.int32(vec_t)))
-            k2fn((nrt2, batch), (256,),
+            if _STAGE_ONLY != 1:
+              k2fn((nrt2, batch), (256,),
                  (t, d, qc, qi, w32, k32, v32, np.int32(nrt2), *kptrs, np.int32(kfmt),
                   res_row, res_t, rpart, a, tk, st, rcnt, np.int32(rt), np.int32(vec_t),
                   np.int32(vec_q)))

@@ -805,7 +805,9 @@ DC_FN void v2_part(const int tile, const int b, const int rt, const int vec_t, c
   if (tid == 0) {
     u64 P = 0, C = 0;
     for (int w = 0; w < 8; ++w) { P += s1.shi[w]; C += s1.slo[w]; }
-    const dy_u128 s = dy_sub128(dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS), dy_mul64(C, T));
+    /* bonus row: the weights are P itself (res_weight); otherwise R = P * 2^24 - c * T */
+    const dy_u128 s = bonus ? dy_from64(P)
+                            : dy_sub128(dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS), dy_mul64(C, T));
     rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi;
   }
 }
