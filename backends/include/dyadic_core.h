@@ -776,6 +776,82 @@ DY_HOT int dy_topk_logits_host(const float *x, double temperature, uint32_t voca
 }
 #endif
 
+#if !defined(DY_CUDA)
+/* Host dense allocation from validated weights w[0..n) (dy_alloc_weights,
+ * the same bits): branch-free exact division, the first radix digit's
+ * histogram built in the division pass, and the "key > tau" increments made
+ * while narrowing (no final pass over n).  counts: n, idx: n words. */
+DY_HOT int dy_alloc_weights_host(uint64_t *w, uint32_t n, uint64_t s, int policy,
+                                 uint32_t argpos, uint32_t *counts, uint32_t *idx) {
+    uint32_t hist[256];
+    uint64_t sumbase = 0, recip, remaining;
+    uint32_t i, m, need, acc;
+    int nbits, sh, b, std = policy == DY_POLICY_STANDARD;
+    if (s == 0) return DY_ST_X_ZERO_MASS;
+    recip = dy_recip64(s);
+    nbits = dy_bitlen64(s - 1);
+    sh = nbits > 8 ? ((nbits + 7) / 8) * 8 - 8 : 0;
+    for (b = 0; b < 256; b++) hist[b] = 0;
+    for (i = 0; i < n; i++) {
+        uint64_t num = w[i] << DY_TOTAL_BITS;
+        uint64_t q = dy_mulhi64(num, recip), r = num - q * s, c;
+        c = (uint64_t)(r >= s);
+        q += c;
+        r -= s & (0 - c);
+        c = (uint64_t)(r >= s);
+        q += c;
+        r -= s & (0 - c);
+        counts[i] = (uint32_t)q;
+        w[i] = r;
+        sumbase += q;
+        if (std) hist[(r >> sh) & 0xFFu]++;
+    }
+    if (sumbase > DY_TOTAL || sumbase == 0) return DY_ST_ALLOC_INCONSISTENT;
+    remaining = DY_TOTAL - sumbase;
+    if (remaining == 0) return DY_ST_OK;
+    if (!std) {
+        counts[argpos] += (uint32_t)remaining;
+        return DY_ST_OK;
+    }
+    if (remaining > n) return DY_ST_ALLOC_INCONSISTENT;
+    need = (uint32_t)remaining;
+    m = 0;
+    for (;;) {
+        acc = 0;
+        for (b = 255; b > 0; b--) {
+            if (acc + hist[b] >= need) break;
+            acc += hist[b];
+        }
+        need -= acc;
+        if (m == 0) { /* first level: over all n */
+            uint32_t m2 = 0;
+            for (i = 0; i < n; i++) {
+                uint32_t d = (uint32_t)(w[i] >> sh) & 0xFFu;
+                counts[i] += (uint32_t)(d > (uint32_t)b);
+                idx[m2] = i;
+                m2 += (uint32_t)(d == (uint32_t)b);
+            }
+            m = m2;
+        } else {
+            uint32_t m2 = 0;
+            for (i = 0; i < m; i++) {
+                uint32_t v = idx[i], d = (uint32_t)(w[v] >> sh) & 0xFFu;
+                counts[v] += (uint32_t)(d > (uint32_t)b);
+                idx[m2] = v;
+                m2 += (uint32_t)(d == (uint32_t)b);
+            }
+            m = m2;
+        }
+        if (sh == 0) break;
+        sh -= 8;
+        for (b = 0; b < 256; b++) hist[b] = 0;
+        for (i = 0; i < m; i++) hist[(w[idx[i]] >> sh) & 0xFFu]++;
+    }
+    for (i = 0; i < need; i++) counts[idx[i]] += 1;
+    return DY_ST_OK;
+}
+#endif
+
 /* One row of allocate (allocation.allocate_row).
  * x: float32 [V] (weights when !logits, logits otherwise); bias: float32 [V]
  * or NULL (logits only); temperature > 0 (logits only); policy
@@ -820,6 +896,24 @@ DY_HOT int dy_allocate_row(const float *x, const float *bias, double temperature
             }
             if (best == 0) return DY_ST_X_ZERO_MASS;
             emax = dy_f32_exp(best);
+#if !defined(DY_CUDA)
+            {
+                /* branch-free dy_prob_weight of a validated row: every
+                 * exponent is <= emax, so W = (mant << 15) >> (emax - exp) */
+                uint64_t s = 0;
+                for (v = 0; v < vocab; v++) {
+                    uint32_t b = bits[v], e = (b >> 23) & 0xFFu;
+                    uint64_t m = (uint64_t)((b & 0x7FFFFFu) | (e ? 0x800000u : 0u));
+                    int32_t ex = e ? (int32_t)e - 150 : -149;
+                    uint32_t d = (uint32_t)(emax - ex);
+                    d = d > 63u ? 63u : d;
+                    w[v] = (m << 15) >> d;
+                    s += w[v];
+                }
+                if (argmax_out) *argmax_out = (int32_t)arg;
+                return dy_alloc_weights_host(w, vocab, s, policy, arg, counts, idx);
+            }
+#endif
             for (v = 0; v < vocab; v++) w[v] = dy_prob_weight(bits[v], emax);
         }
         if (argmax_out) *argmax_out = (int32_t)arg;
