@@ -1320,8 +1320,9 @@ DY_HOT void dy_block_sums_p(const uint32_t *row, uint32_t vocab, uint64_t *spb, 
     for (v0 = 0; v0 < vocab; v0 += DY_VB, blk++) {
         uint32_t n = vocab - v0 < DY_VB ? vocab - v0 : DY_VB;
         uint64_t hi = 0, lo = 0;
+        const uint32_t *rb = row + v0;
         for (j = 0; j < n; j++) {
-            uint64_t p = dy_target_fixed_fast(row[v0 + j]);
+            uint64_t p = dy_target_fixed_fast(rb[j]);
             hi += p >> 32;
             lo += p & 0xFFFFFFFFu;
         }
@@ -1338,9 +1339,10 @@ DY_HOT void dy_block_sums_dense(const uint32_t *row, const uint32_t *qc, uint32_
     for (v0 = 0; v0 < vocab; v0 += DY_VB, blk++) {
         uint32_t n = vocab - v0 < DY_VB ? vocab - v0 : DY_VB;
         uint64_t sp = 0, sc = 0;
+        const uint32_t *rb = row + v0, *cb = qc + v0;
         for (j = 0; j < n; j++) {
-            uint64_t p = dy_target_fixed_fast(row[v0 + j]);
-            uint64_t c = qc[v0 + j];
+            uint64_t p = dy_target_fixed_fast(rb[j]);
+            uint64_t c = cb[j];
             uint64_t m = (uint64_t)0 - (uint64_t)(p > dy_resid_thr(c, th, tl));
             sp += p & m;
             sc += c & m;
