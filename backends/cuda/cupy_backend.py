@@ -54,6 +54,12 @@ _TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
 # DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
 # (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
+# DYADIC_CUDA_DENSE=old: dense allocate / propose by dc_dense (one block per row).
+# Default: the multi-block dd_* kernels (grid (tiles, B), exact integer atomics).
+# NOT YET GPU-TESTED: default "old" until a GPU parity run passes with DYADIC_CUDA_DENSE=mb.
+_DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "old")
+_DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
+_DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
 
 _MODULES = {}
 _FUNCS = {}
@@ -407,12 +413,47 @@ class CupyBackend:
                              call(tokens, True), call(counts, True), call(ids, True),
                              call(status, True))
             _kernel("dc_topk")((ntiles, batch), (256,), args)
+        elif _DENSE_MODE != "old":
+            self._dense_mb(common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
+                           status)
         else:
             sc = scratch("dense", 8 * batch * v)
             args = common + (np.int32(policy), np.int32(do_draw), *kptrs, np.int32(kfmt), sc,
                              call(tokens, True), call(counts, True), call(status, True))
             _kernel("dc_dense")((batch,), (1024,), args)
         call.finish()
+
+    def _dense_mb(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
+                  status):
+        """Dense allocate / propose over many blocks per row (see dd_* in the kernels)."""
+        cp = _cupy()
+        dev = _device_id()
+        pk = ("dense", dev, batch, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            dt = _tile_for(v, batch, _num_sms(), 16384)
+            nti = (v + dt - 1) // dt
+            plan = (np.int32(dt), nti, np.int32(nti), scratch("dd_state", 8 * batch * _DD_RS),
+                    scratch("dense", 8 * batch * v), scratch("dd_tile_eq", 4 * batch * nti),
+                    _kernel("dd_max"), _kernel("dd_sum"), _kernel("dd_floor"), _kernel("dd_pass"),
+                    _kernel("dd_tiecnt"), _kernel("dd_mark"), _kernel("dc_draw"),
+                    8 * batch * _DD_RS)
+            _PLANS[pk] = plan
+        dt, nti, nti32, state, sc, teq, kmax, ksum, kfloor, kpass, ktie, kmark, kdraw, sbytes = plan
+        cp.cuda.runtime.memsetAsync(state.data.ptr, 0, sbytes, cp.cuda.get_current_stream().ptr)
+        grid, blk = (nti, batch), (256,)
+        v32 = common[8]
+        kmax(grid, blk, common + (dt, state))
+        ksum(grid, blk, common + (dt, state))
+        cnt = call(counts, True)
+        kfloor(grid, blk, common + (dt, np.int32(policy), state, sc, cnt, call(status, True)))
+        if policy == 0:
+            for _ in range(_DD_PASSES):
+                kpass(grid, blk, (v32, dt, state, sc))
+            ktie(grid, blk, (v32, dt, nti32, state, sc, teq))
+            kmark(grid, blk, (v32, dt, nti32, state, sc, teq, cnt))
+        if do_draw:
+            kdraw((batch,), (256,), (cnt, _NULL, v32, *kptrs, np.int32(kfmt), call(tokens, True)))
 
     def allocate(self, x, bias, temperature, logits, policy, top_k, counts, ids, status):
         self._alloc(x, bias, temperature, logits, 0, policy, top_k, None, None, counts, ids,

@@ -882,3 +882,315 @@ extern "C" __global__ void __launch_bounds__(256) dc_v2(
     else tokens[(i64)b * (k + 1) + i] = j;
   }
 }
+
+/* ========================================================================
+ * Dense allocate / propose, multi-block (default; DYADIC_CUDA_DENSE=old keeps
+ * dc_dense, one block per row).  Grid (ntiles, B) per launch, tile `dt`
+ * elements, 256 threads.  Keys are recomputed from x in each stage (x is read
+ * a few times; no key scratch).  Per-row state `st` (DD_RS u64, zeroed by the
+ * host with one memset per call) collects, with exact integer atomics:
+ *   dd_max:   row max key (atomicMax), first bad element (atomicMax of ~packed)
+ *   dd_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd, u64)
+ *   dd_floor: counts = floor(2^24 w / S), remainders -> scratch, sum of floors,
+ *             histogram of the first 12-bit remainder digit; the last block of
+ *             the row (atomic counter after __threadfence) fixes remaining /
+ *             status / the first digit of the remainder threshold
+ *   dd_pass:  (up to 5 launches) the next 12-bit digit among remainders equal
+ *             on the digits so far (global histogram, last block picks the bin)
+ *   dd_tiecnt, dd_mark: ties on the full remainder go to the lowest ids
+ *             (per-tile counts of equal keys, exclusive prefix over tiles);
+ *             +1 ticket for every selected remainder.
+ * The selection equals block_select (K largest remainders, ties lowest index). */
+#define DD_RS 2064
+#define DD_HB 4096
+enum { DD_MK = 0, DD_BAD, DD_ARG, DD_S, DD_SB, DD_CODE, DD_PREFIX, DD_MASK, DD_NEED, DD_DONE,
+       DD_REM, DD_C1, DD_C2, DD_C3, DD_LO, DD_SKIP };
+
+DC_FN bool dd_last(u64* st, int slot) {
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&st[slot], 1ull) == (u64)(gridDim.x - 1);
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) st[slot] = 0;
+  return true;
+}
+
+/* status code of the row after dd_max (0 = fine) */
+DC_FN int dd_code(const u64* st, int logits) {
+  const u64 nb = __ldcg(&st[DD_BAD]);
+  if (nb) return (int)((~nb) & 0xFF);
+  const u64 mk = __ldcg(&st[DD_MK]);
+  if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) return DY_ST_X_ZERO_MASS;
+  return 0;
+}
+
+/* the last block: choose the digit bin [lo, hi) holding the need-th largest */
+DC_FN void dd_pick(u64* st, int hi, int lo) {
+  __shared__ u32 wsum[256];
+  __shared__ int sbin, scum, sdone;
+  u32* hist = (u32*)(st + 16);
+  const int tid = threadIdx.x;
+  const int need = (int)st[DD_NEED];
+  /* thread t owns bins [4096 - 16 (t+1), 4096 - 16 t), scanned from the top */
+  u32 c[16], s = 0;
+  for (int j = 0; j < 16; ++j) { c[j] = __ldcg(&hist[DD_HB - 1 - 16 * tid - j]); s += c[j]; }
+  wsum[tid] = s;
+  if (tid == 0) sbin = -1;
+  __syncthreads();
+  u32 exc = 0;
+  for (int u = 0; u < tid; ++u) exc += wsum[u];
+  if (exc < (u32)need && (u32)need <= exc + s) {
+    u32 cum = exc;
+    for (int j = 0; j < 16; ++j) {
+      if (cum + c[j] >= (u32)need) {
+        sbin = DD_HB - 1 - 16 * tid - j; scum = (int)cum; sdone = c[j] == (u32)need - cum; break;
+      }
+      cum += c[j];
+    }
+  }
+  __syncthreads();
+  for (int j = tid; j < DD_HB; j += blockDim.x) hist[j] = 0;
+  if (tid == 0) {
+    const int bin = sbin, w = hi - lo;
+    const u64 dm = (w >= 64 ? ~0ull : ((1ull << w) - 1)) << lo;
+    const int nn = need - scum;
+    st[DD_PREFIX] |= (u64)bin << lo;
+    st[DD_MASK] |= dm;
+    st[DD_NEED] = (u64)nn;
+    st[DD_DONE] = (u64)sdone;
+    st[DD_LO] = (u64)lo;
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(256) dd_max(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, u64* state) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  u64* st = state + (i64)row * DD_RS;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 mk = 0, nb = 0;
+  for (int v0 = lo + tid; v0 < hi; v0 += 256 * 8) {
+    float xf[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) { int v = v0 + q * 256; xf[q] = v < hi ? load_f(x, xdt, xoff + v) : 0.0f; }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      int v = v0 + q * 256;
+      if (v < hi) {
+        int bad;
+        u64 key = rank_key(xf[q], bias, bdt, boff + v, T, logits, &bad);
+        if (bad && nb == 0) nb = ~(((u64)v << 8) | (u64)bad);
+        mk = key > mk ? key : mk;
+      }
+    }
+  }
+  mk = block_reduce64(mk, 1, sh);
+  nb = block_reduce64(nb, 1, sh);
+  if (tid == 0) { atomicMax(&st[DD_MK], mk); if (nb) atomicMax(&st[DD_BAD], nb); }
+}
+
+extern "C" __global__ void __launch_bounds__(256) dd_sum(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, u64* state) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DD_RS;
+  if (dd_code(st, logits)) return;
+  bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  const u64 mk = st[DD_MK];
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 S = 0, na = 0;
+  for (int v0 = lo + tid; v0 < hi; v0 += 256 * 8) {
+    float xf[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) { int v = v0 + q * 256; xf[q] = v < hi ? load_f(x, xdt, xoff + v) : 0.0f; }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      int v = v0 + q * 256;
+      if (v < hi) {
+        int bad;
+        u64 key = rank_key(xf[q], bias, bdt, boff + v, T, logits, &bad);
+        if (key == mk && na == 0) na = ~(u64)v;
+        if (!greedy) S += weight_of_key(key, mk, logits);
+      }
+    }
+  }
+  na = block_reduce64(na, 1, sh);
+  S = block_reduce64(S, 0, sh);
+  if (tid == 0) { if (na) atomicMax(&st[DD_ARG], na); if (!greedy) atomicAdd(&st[DD_S], S); }
+}
+
+extern "C" __global__ void __launch_bounds__(256) dd_floor(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int policy, u64* state, u64* __restrict__ scratch,
+    u32* __restrict__ counts, int* status) {
+  __shared__ DcShared sh;
+  __shared__ u32 hs[DD_HB];
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DD_RS;
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  u32* crow = counts + xoff;
+  u64* sc = scratch + xoff;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  const int code = dd_code(st, logits);
+  bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
+  if (code) {
+    for (int v = lo + tid; v < hi; v += 256) crow[v] = 0;
+    if (blockIdx.x == 0 && tid == 0) { status[row] = code; st[DD_SKIP] = 1; }
+    return;
+  }
+  const int argmax = (int)~st[DD_ARG];
+  if (greedy) {
+    for (int v = lo + tid; v < hi; v += 256) crow[v] = v == argmax ? DY_TOTAL : 0u;
+    if (blockIdx.x == 0 && tid == 0) { status[row] = 0; st[DD_SKIP] = 1; }
+    return;
+  }
+  const u64 mk = st[DD_MK], S = st[DD_S];
+  const int bl = dy_bitlen64(S - 1);
+  const int dlo = bl > 12 ? bl - 12 : 0;
+  for (int j = tid; j < DD_HB; j += 256) hs[j] = 0;
+  __syncthreads();
+  u64 sb = 0;
+  for (int v0 = lo + tid; v0 < hi; v0 += 256 * 8) {
+    float xf[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) { int v = v0 + q * 256; xf[q] = v < hi ? load_f(x, xdt, xoff + v) : 0.0f; }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      int v = v0 + q * 256;
+      if (v < hi) {
+        int bad;
+        u64 key = rank_key(xf[q], bias, bdt, boff + v, T, logits, &bad);
+        u64 m = (u64)DY_TOTAL * weight_of_key(key, mk, logits), qq = m / S, r = m - qq * S;
+        crow[v] = (u32)qq; sc[v] = r; sb += qq;
+        if (bl) atomicAdd(&hs[(r >> dlo) & (DD_HB - 1)], 1u);
+      }
+    }
+  }
+  sb = block_reduce64(sb, 0, sh);
+  if (tid == 0) atomicAdd(&st[DD_SB], sb);
+  __syncthreads();
+  u32* gh = (u32*)(st + 16);
+  if (bl) for (int j = tid; j < DD_HB; j += 256) if (hs[j]) atomicAdd(&gh[j], hs[j]);
+  if (!dd_last(st, DD_C1)) return;
+  /* ---- last block of the row ---- */
+  const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DD_SB]);
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
+    for (int v = tid; v < V; v += 256) crow[v] = 0;
+    for (int j = tid; j < DD_HB; j += 256) gh[j] = 0;
+    if (tid == 0) { status[row] = DY_ST_ALLOC_INCONSISTENT; st[DD_SKIP] = 1; }
+    return;
+  }
+  if (remaining == 0 || policy != 0) {
+    for (int j = tid; j < DD_HB; j += 256) gh[j] = 0;
+    if (tid == 0) {
+      if (remaining > 0) crow[argmax] = __ldcg(&crow[argmax]) + (u32)remaining;
+      status[row] = 0; st[DD_SKIP] = 1;
+    }
+    return;
+  }
+  if (tid == 0) { status[row] = 0; st[DD_REM] = (u64)remaining; st[DD_NEED] = (u64)remaining; }
+  __syncthreads();
+  if (bl == 0) {  /* S == 1: every remainder is 0, all tie */
+    if (tid == 0) { st[DD_PREFIX] = 0; st[DD_MASK] = ~0ull; st[DD_LO] = 0; st[DD_DONE] = (u64)remaining >= (u64)V; }
+    return;
+  }
+  dd_pick(st, bl, dlo);
+}
+
+/* the next 12-bit digit among remainders equal to prefix on the digits so far */
+DC_FN bool dd_active(const u64* st) {
+  return !st[DD_SKIP] && st[DD_REM] != 0;
+}
+
+extern "C" __global__ void __launch_bounds__(256) dd_pass(int V, int dt, u64* state, const u64* __restrict__ scratch) {
+  __shared__ u32 hs[DD_HB];
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DD_RS;
+  if (!dd_active(st) || st[DD_DONE] || st[DD_LO] == 0) return;
+  const int hi = (int)st[DD_LO], dlo = hi > 12 ? hi - 12 : 0;
+  const u64 prefix = st[DD_PREFIX], mask = st[DD_MASK];
+  const u64* sc = scratch + (i64)row * V;
+  const int lo = blockIdx.x * dt, vhi = min(V, lo + dt);
+  for (int j = tid; j < DD_HB; j += 256) hs[j] = 0;
+  __syncthreads();
+  for (int v0 = lo + tid; v0 < vhi; v0 += 256 * 8) {
+    u64 rb[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) { int v = v0 + q * 256; rb[q] = v < vhi ? sc[v] : 0; }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      int v = v0 + q * 256;
+      if (v < vhi && (rb[q] & mask) == prefix) atomicAdd(&hs[(rb[q] >> dlo) & (DD_HB - 1)], 1u);
+    }
+  }
+  __syncthreads();
+  u32* gh = (u32*)(st + 16);
+  for (int j = tid; j < DD_HB; j += 256) if (hs[j]) atomicAdd(&gh[j], hs[j]);
+  if (!dd_last(st, DD_C2)) return;
+  dd_pick(st, hi, dlo);
+}
+
+/* ties on the full remainder: per-tile counts of remainders == prefix */
+extern "C" __global__ void __launch_bounds__(256) dd_tiecnt(int V, int dt, int ntiles, u64* state,
+    const u64* __restrict__ scratch, u32* tile_eq) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DD_RS;
+  if (!dd_active(st) || st[DD_DONE]) return;
+  const u64 prefix = st[DD_PREFIX];
+  const u64* sc = scratch + (i64)row * V;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 c = 0;
+  for (int v = lo + tid; v < hi; v += 256) c += sc[v] == prefix;
+  c = block_reduce64(c, 0, sh);
+  if (tid == 0) tile_eq[(i64)row * ntiles + blockIdx.x] = (u32)c;
+}
+
+/* +1 ticket for each selected remainder: (r & mask) > prefix, or == prefix
+ * and (whole bin taken, or among the first `need` equal ones by id) */
+extern "C" __global__ void __launch_bounds__(256) dd_mark(int V, int dt, int ntiles, u64* state,
+    const u64* __restrict__ scratch, const u32* tile_eq, u32* __restrict__ counts) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DD_RS;
+  if (!dd_active(st)) return;
+  const u64 prefix = st[DD_PREFIX], mask = st[DD_MASK];
+  const bool done = st[DD_DONE] != 0;
+  const u64* sc = scratch + (i64)row * V;
+  u32* crow = counts + (i64)row * V;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  if (done) {
+    for (int v0 = lo + tid; v0 < hi; v0 += 256 * 8) {
+      u64 rb[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) { int v = v0 + q * 256; rb[q] = v < hi ? sc[v] : 0; }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        int v = v0 + q * 256;
+        if (v < hi && (rb[q] & mask) >= prefix) crow[v] += 1;
+      }
+    }
+    return;
+  }
+  const int need = (int)st[DD_NEED];
+  int base = 0;
+  for (int t = 0; t < (int)blockIdx.x; ++t) base += (int)tile_eq[(i64)row * ntiles + t];
+  const int n = hi - lo, chunk = (n + 255) / 256, a = lo + min(n, tid * chunk), b = lo + min(n, (tid + 1) * chunk);
+  int cnt = 0;
+  for (int v = a; v < b; ++v) cnt += sc[v] == prefix;
+  int tot; int r = base + block_excl_scan(cnt, &tot, sh);
+  for (int v = a; v < b; ++v) {
+    const u64 m = sc[v] & mask;
+    if (m > prefix) crow[v] += 1;
+    else if (m == prefix) { if (r < need) crow[v] += 1; ++r; }
+  }
+}
