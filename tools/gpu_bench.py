@@ -103,24 +103,21 @@ def main():
                 r[name] = round(graph_time(fn), 1)
             except Exception as e:  # noqa: BLE001
                 r[name] = f"error: {type(e).__name__}: {e}"[:120]
-        # A/B: the previous verify kernels (4096 tiles, DYADIC_CUDA_VERIFY=old) in the same run
+        # A/B in the same run: the previous dense allocate (one block per row) and the
+        # rank-counting propose without the staged last block
         from dyadic.backends.cuda import cupy_backend as _cb
-        _prev = _cb._VERIFY_MODE
-        _cb._VERIFY_MODE = "old"
-        try:
-            r["verify_k5_dense_OLD"] = round(graph_time(ver), 1)
-        except Exception as e:  # noqa: BLE001
-            r["verify_k5_dense_OLD"] = f"error: {type(e).__name__}: {e}"[:120]
-        finally:
-            _cb._VERIFY_MODE = _prev
-        for stg in (1, 2):  # where the verify time goes (one stage launched; results unused)
-            _cb._STAGE_ONLY = stg
+        for name, attr, val, fn in (("allocate_dense_f32_OLD", "_DENSE_MODE", "old", alloc),
+                                    ("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
+                                    ("propose_top32_bf16_NOSTAGE", "_TOPK_STAGE", False, prop),
+                                    ("propose_top32_bf16_STAGE", "_TOPK_STAGE", True, prop)):
+            prev = getattr(_cb, attr)
+            setattr(_cb, attr, val)
             try:
-                r[f"verify_dense_stage{stg}_only"] = round(graph_time(ver), 1)
+                r[name] = round(graph_time(fn), 1)
             except Exception as e:  # noqa: BLE001
-                r[f"verify_dense_stage{stg}_only"] = f"error: {type(e).__name__}"[:60]
+                r[name] = f"error: {type(e).__name__}: {e}"[:120]
             finally:
-                _cb._STAGE_ONLY = 0
+                setattr(_cb, attr, prev)
         r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)
@@ -144,7 +141,8 @@ def main():
         print(json.dumps(r), flush=True)
     from dyadic.backends.cuda import cupy_backend
     print("launch mode:", cupy_backend.launch_mode(), "| DYADIC_CUDA_TOPK =",
-          os.environ.get("DYADIC_CUDA_TOPK", "(default)"), flush=True)
+          os.environ.get("DYADIC_CUDA_TOPK", "(default)"), "| dense:", cupy_backend._DENSE_MODE,
+          "| topk stage:", cupy_backend._TOPK_STAGE, flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu_bench.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -51,6 +51,10 @@ _KSMALL = 64  # top_k <= 64: rank-counting top-K (DC_KSMALL); larger: radix sele
 _FAST_MAX_BATCH = 16  # rank-counting top-K up to this batch, radix select above
 # DYADIC_CUDA_TOPK=radix / =rank forces one top-k path for every batch (A/B runs)
 _TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
+# DYADIC_CUDA_TOPK_STAGE=1: in the rank-counting path the last block of a row stages the
+# candidates in shared memory (one batch of loads) and keeps the K support entries in shared
+# memory.  NOT YET GPU-TESTED: off by default until a GPU parity run passes with it.
+_TOPK_STAGE = os.environ.get("DYADIC_CUDA_TOPK_STAGE", "0") == "1"
 # DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
 # (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
@@ -408,7 +412,8 @@ class CupyBackend:
             fast = k <= _KSMALL and (_TOPK_MODE == "rank"
                                      or (_TOPK_MODE != "radix" and batch <= _FAST_MAX_BATCH))
             args = common + (np.int32(k), np.int32(kc), np.int32(ntiles), np.int32(policy),
-                             np.int32(do_draw), np.int32(fast), *kptrs, np.int32(kfmt), cand_key, cand_id,
+                             np.int32(do_draw), np.int32((2 if _TOPK_STAGE else 1) if fast else 0),
+                             *kptrs, np.int32(kfmt), cand_key, cand_id,
                              tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt,
                              call(tokens, True), call(counts, True), call(ids, True),
                              call(status, True))

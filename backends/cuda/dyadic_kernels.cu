@@ -54,6 +54,10 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   __shared__ int oki[DC_KSMALL];
   __shared__ u64 sbad;
   __shared__ int is_last;
+  __shared__ int tki[TILE];  /* fast == 2: candidate ids staged in the last block */
+  __shared__ u64 s_key[DC_KSMALL], s_rem[DC_KSMALL];
+  __shared__ int s_id[DC_KSMALL];
+  __shared__ u32 s_cnt[DC_KSMALL];
   const int row = blockIdx.y, tile = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
   bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 xoff = (i64)row * V;
@@ -104,20 +108,41 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   const int N = ntiles * Kc;
   const u64* ck = cand_key + (i64)row * N;
   const int* ci = cand_id + (i64)row * N;
+  /* fast == 2 (N <= TILE): all candidates staged in shared memory with one
+   * batch of loads; the max key and the argmax are the first of the K best */
+  const bool staged = fast == 2 && N <= TILE;
   u64 b = NONE_BAD;
-  for (int t = tid; t < ntiles; t += nt) { u64 w = __ldcg(&tile_bad[(i64)row * ntiles + t]); b = w < b ? w : b; }
+  if (staged) {
+    u64 kb[TPT]; int ib[TPT];
+#pragma unroll
+    for (int q = 0; q < TPT; ++q) { int i = tid + q * 256; if (i < N) { kb[q] = __ldcg(&ck[i]); ib[q] = __ldcg(&ci[i]); } }
+    for (int t = tid; t < ntiles; t += nt) { u64 w = __ldcg(&tile_bad[(i64)row * ntiles + t]); b = w < b ? w : b; }
+#pragma unroll
+    for (int q = 0; q < TPT; ++q) { int i = tid + q * 256; if (i < N) { tk[i] = kb[q]; tki[i] = ib[q]; } }
+  } else {
+    for (int t = tid; t < ntiles; t += nt) { u64 w = __ldcg(&tile_bad[(i64)row * ntiles + t]); b = w < b ? w : b; }
+  }
   b = block_reduce64(b, 2, sh);
   const int W = K;
   if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   u64 mk = 0;
-  for (int i = tid; i < N; i += nt) { u64 k = __ldcg(&ck[i]); mk = k > mk ? k : mk; }
-  mk = block_reduce64(mk, 1, sh);
+  int argmax;
+  if (staged) {
+    block_topk_small([&](int i) { return tk[i]; }, [&](int i) { return tki[i]; }, N, K,
+                     [&](int r, u64 k, int id) { okk[r] = k; oki[r] = id; }, tp, sh);
+    mk = okk[0]; argmax = oki[0];
+  } else {
+    for (int i = tid; i < N; i += nt) { u64 k = __ldcg(&ck[i]); mk = k > mk ? k : mk; }
+    mk = block_reduce64(mk, 1, sh);
+  }
   if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) {
     fail_sparse(row, W, DY_ST_X_ZERO_MASS, do_draw ? tokens : 0, counts, ids, status); return;
   }
-  u64 am = ~0ull;
-  for (int i = tid; i < N; i += nt) if (__ldcg(&ck[i]) == mk) { u64 id = (u64)__ldcg(&ci[i]); am = id < am ? id : am; }
-  const int argmax = (int)block_reduce64(am, 2, sh);
+  if (!staged) {
+    u64 am = ~0ull;
+    for (int i = tid; i < N; i += nt) if (__ldcg(&ck[i]) == mk) { u64 id = (u64)__ldcg(&ci[i]); am = id < am ? id : am; }
+    argmax = (int)block_reduce64(am, 2, sh);
+  }
   u32* crow = counts + (i64)row * W;
   int* irow = ids + (i64)row * W;
   if (greedy) {
@@ -125,15 +150,16 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
     if (tid == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
     return;
   }
-  int* sid = sup_id + (i64)row * K;
-  u64* skey = sup_key + (i64)row * K;
-  u64* srem = sup_rem + (i64)row * K;
-  u32* scnt = sup_cnt + (i64)row * K;
+  int* sid = staged ? s_id : sup_id + (i64)row * K;
+  u64* skey = staged ? s_key : sup_key + (i64)row * K;
+  u64* srem = staged ? s_rem : sup_rem + (i64)row * K;
+  u32* scnt = staged ? s_cnt : sup_cnt + (i64)row * K;
   if (fast) {
     /* the K best by (key desc, id asc), then stored in ascending id order (as
      * the radix path's compaction in candidate order leaves them) */
-    block_topk_small([&](int i) { return __ldcg(&ck[i]); }, [&](int i) { return __ldcg(&ci[i]); }, N, K,
-                     [&](int r, u64 k, int id) { okk[r] = k; oki[r] = id; }, tp, sh);
+    if (!staged)
+      block_topk_small([&](int i) { return __ldcg(&ck[i]); }, [&](int i) { return __ldcg(&ci[i]); }, N, K,
+                       [&](int r, u64 k, int id) { okk[r] = k; oki[r] = id; }, tp, sh);
     for (int j = tid; j < K; j += nt) {
       const int idj = oki[j];
       int pos = 0;
