@@ -706,10 +706,11 @@ DY_HOT int dy_topk_logits_host(const float *x, double temperature, uint32_t voca
     for (blk = 0; blk < nb; blk++) {
         uint32_t v0 = blk * 64u, n = vocab - v0 < 64u ? vocab - v0 : 64u, bd = 0;
         int32_t m = INT32_MIN;
+        const uint32_t *bb = bits + v0;
         /* integer order key of a non-NaN float (-0.0 just below +0.0): a
          * vectorisable max; NaN/+inf are flagged and fall back */
         for (j = 0; j < n; j++) {
-            uint32_t b = bits[v0 + j];
+            uint32_t b = bb[j];
             int32_t sb = (int32_t)b, key = sb ^ ((sb >> 31) & 0x7FFFFFFF);
             bd |= (uint32_t)((b & 0x7FFFFFFFu) >= 0x7F800000u) & (uint32_t)(b != 0xFF800000u);
             m = key > m ? key : m;
@@ -792,19 +793,60 @@ DY_HOT int dy_alloc_weights_host(uint64_t *w, uint32_t n, uint64_t s, int policy
     nbits = dy_bitlen64(s - 1);
     sh = nbits > 8 ? ((nbits + 7) / 8) * 8 - 8 : 0;
     for (b = 0; b < 256; b++) hist[b] = 0;
-    for (i = 0; i < n; i++) {
-        uint64_t num = w[i] << DY_TOTAL_BITS;
-        uint64_t q = dy_mulhi64(num, recip), r = num - q * s, c;
-        c = (uint64_t)(r >= s);
-        q += c;
-        r -= s & (0 - c);
-        c = (uint64_t)(r >= s);
-        q += c;
-        r -= s & (0 - c);
-        counts[i] = (uint32_t)q;
-        w[i] = r;
-        sumbase += q;
-        if (std) hist[(r >> sh) & 0xFFu]++;
+    if (s < (1ull << 62)) {
+        /* Vectorisable exact division: qe = round(W 2**24 / s) from binary64
+         * (W < 2**52 and the quotient <= 2**24, so |qe - q| <= 1 with q the
+         * true floor), then r = W 2**24 - qe s (mod 2**64) identifies the
+         * case: top bit set <=> qe = q + 1; r >= s <=> qe = q - 1 (s < 2**62
+         * keeps the three ranges apart).  q, r are exactly n / s, n % s. */
+        const double scale = 16777216.0 / (double)s, magic = 4503599627370496.0;
+        const uint32_t slo = (uint32_t)s, shi = (uint32_t)(s >> 32);
+        uint32_t i0;
+        /* chunks of 64: the vectorised division, then the histogram of the
+         * chunk's remainders while they are in L1 */
+        for (i0 = 0; i0 < n; i0 += 64u) {
+          uint32_t ne = n - i0 < 64u ? n - i0 : 64u, j;
+          uint64_t *wc = w + i0;
+          uint32_t *cc = counts + i0;
+          for (j = 0; j < ne; j++) {
+            uint64_t wv = wc[j], num = wv << DY_TOTAL_BITS, bitsd, qe, r, m;
+            double wd, x;
+            uint32_t q32;
+            bitsd = 0x4330000000000000ull | wv;
+            __builtin_memcpy(&wd, &bitsd, 8);
+            x = (wd - magic) * scale + magic;
+            __builtin_memcpy(&bitsd, &x, 8);
+            q32 = (uint32_t)bitsd;
+            qe = q32;
+            r = num - ((uint64_t)q32 * slo + (((uint64_t)q32 * shi) << 32));
+            m = 0 - (r >> 63);
+            r += s & m;
+            qe += m;
+            m = 0 - (uint64_t)(r >= s);
+            r -= s & m;
+            qe -= m;
+            cc[j] = (uint32_t)qe;
+            wc[j] = r;
+            sumbase += qe;
+          }
+          if (std)
+            for (j = 0; j < ne; j++) hist[(wc[j] >> sh) & 0xFFu]++;
+        }
+    } else {
+        for (i = 0; i < n; i++) {
+            uint64_t num = w[i] << DY_TOTAL_BITS;
+            uint64_t q = dy_mulhi64(num, recip), r = num - q * s, c;
+            c = (uint64_t)(r >= s);
+            q += c;
+            r -= s & (0 - c);
+            c = (uint64_t)(r >= s);
+            q += c;
+            r -= s & (0 - c);
+            counts[i] = (uint32_t)q;
+            w[i] = r;
+            sumbase += q;
+            if (std) hist[(r >> sh) & 0xFFu]++;
+        }
     }
     if (sumbase > DY_TOTAL || sumbase == 0) return DY_ST_ALLOC_INCONSISTENT;
     remaining = DY_TOTAL - sumbase;
