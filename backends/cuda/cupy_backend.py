@@ -63,6 +63,9 @@ _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 # Default: the multi-block dd_* kernels (grid (tiles, B), exact integer atomics).
 # H200 2026-11-29: parity 343 passed with it; allocate dense f32 B=64 597 -> 261 us.
 _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "mb")
+# DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
+# NOT YET GPU-TESTED, off by default.
+_DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
 
@@ -452,7 +455,8 @@ class CupyBackend:
         kmax(grid, blk, common + (dt, state))
         ksum(grid, blk, common + (dt, state))
         cnt = call(counts, True)
-        kfloor(grid, blk, common + (dt, np.int32(policy), state, sc, cnt, call(status, True)))
+        kfloor(grid, blk, common + (dt, np.int32(policy), state, sc, cnt, call(status, True),
+                                    np.int32(_DENSE_RECIP)))
         if policy == 0:
             for _ in range(_DD_PASSES):
                 kpass(grid, blk, (v32, dt, state, sc))

@@ -1057,7 +1057,7 @@ extern "C" __global__ void __launch_bounds__(256) dd_sum(
 extern "C" __global__ void __launch_bounds__(256) dd_floor(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int policy, u64* state, u64* __restrict__ scratch,
-    u32* __restrict__ counts, int* status) {
+    u32* __restrict__ counts, int* status, int recip) {
   __shared__ DcShared sh;
   __shared__ u32 hs[DD_HB];
   const int row = blockIdx.y, tid = threadIdx.x;
@@ -1082,6 +1082,10 @@ extern "C" __global__ void __launch_bounds__(256) dd_floor(
   const u64 mk = st[DD_MK], S = st[DD_S];
   const int bl = dy_bitlen64(S - 1);
   const int dlo = bl > 12 ? bl - 12 : 0;
+  /* recip (opt-in, DYADIC_CUDA_DENSE_RECIP=1, not yet GPU-tested): floor(m / S) from the
+   * row reciprocal inv = floor((2^64 - 1) / S), one division per block: qq = mulhi(m, inv)
+   * satisfies q - 2 <= qq <= q, corrected exactly by r >= S steps */
+  const u64 inv = recip ? ~0ull / S : 0;
   for (int j = tid; j < DD_HB; j += 256) hs[j] = 0;
   __syncthreads();
   u64 sb = 0;
@@ -1095,7 +1099,10 @@ extern "C" __global__ void __launch_bounds__(256) dd_floor(
       if (v < hi) {
         int bad;
         u64 key = rank_key(xf[q], bias, bdt, boff + v, T, logits, &bad);
-        u64 m = (u64)DY_TOTAL * weight_of_key(key, mk, logits), qq = m / S, r = m - qq * S;
+        /* exact floor(m / S) via the row reciprocal: qq <= m / S < qq + 3, then corrected */
+        u64 m = (u64)DY_TOTAL * weight_of_key(key, mk, logits), qq, r;
+        if (recip) { qq = __umul64hi(m, inv); r = m - qq * S; while (r >= S) { r -= S; ++qq; } }
+        else { qq = m / S; r = m - qq * S; }
         crow[v] = (u32)qq; sc[v] = r; sb += qq;
         if (bl) atomicAdd(&hs[(r >> dlo) & (DD_HB - 1)], 1u);
       }
