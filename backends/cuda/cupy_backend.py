@@ -366,6 +366,9 @@ class CupyBackend:
     name = "cuda"
     #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
     reads_half_precision = True
+    #: propose / verify with check=False and out= launch only kernels on the
+    #: caller's stream: they can be captured in a torch.cuda.CUDAGraph.
+    graph_capturable = True
 
     def usable(self):
         try:

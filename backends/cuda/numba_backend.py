@@ -83,6 +83,9 @@ def _dummy(dtype, ndim):
 
 class NumbaBackend:
     name = "numba"
+    #: launches go through numba's own stream handling and copies: not capturable
+    #: in a CUDA graph (the backend's job is correctness, not speed).
+    graph_capturable = False
 
     def usable(self):
         if _simulator():

@@ -271,10 +271,12 @@ def target_fixed(bits):
 
 @cuda.jit(device=True)
 def effective_logit(xf, bias, has_bias, b, brow, v, temperature):
-    x = float(xf[b, v])
+    # np.float64, not float(): compiled numba types float(float32) as float32
+    # (the simulator does not), which would round x + bias in binary32.
+    x = np.float64(xf[b, v])
     if has_bias:
-        x = x + float(bias[brow, v])
-    return x / temperature
+        x = x + np.float64(bias[brow, v])
+    return x / np.float64(temperature)
 
 
 # ---------------------------------------------------------------- block helpers

@@ -85,7 +85,7 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
     sh_hist = cuda.shared.array(256, np.int32)
     sh_misc = cuda.shared.array(4, np.int64)
 
-    t = float(temp[b])
+    t = np.float64(temp[b])
     zero_temp = do_draw != 0 and t == 0.0
     tt = 1.0 if zero_temp else t
     brow = b if bias.shape[0] > 1 else 0

@@ -91,6 +91,11 @@ def measure(cfg, backends, quiet=False):
             for be in gpu_backends:
                 call = dyadic_call(inp, be)
                 add(f"dyadic-{be}-eager", "cuda", timing.cuda_event_times(call, cfg.repeats))
+                if not getattr(dyadic._backend.get(be), "graph_capturable", False):
+                    # a failed capture can leave torch's CUDA generator mid-capture
+                    notes.append(f"{prim} dyadic-{be}: the backend does not support CUDA-graph "
+                                 "capture; eager timing only")
+                    continue
                 try:
                     replay = timing.capture_graph(dyadic_call(inp, be, {"check": False}))
                 except Exception as exc:  # noqa: BLE001 - reported, eager timing stands
