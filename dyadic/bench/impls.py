@@ -29,6 +29,11 @@ def dyadic_call(inp: Inputs, backend, graph_kwargs=None):
     kw = dict(graph_kwargs or {})
     keys = inp.keys()
     prim = inp.primitive
+    if dev and graph_kwargs:
+        # capturable call: key fields read from device memory, outputs preallocated
+        # (a host-to-device copy or an allocation inside the capture would break it)
+        keys = _device_keys(keys, inp.batch)
+        kw["out"] = _outputs(inp)
     if prim == "allocate":
         p = _dev(inp.p, dev)
         return lambda: dyadic.allocate(p, backend=backend, **kw)
@@ -52,6 +57,38 @@ def dyadic_call(inp: Inputs, backend, graph_kwargs=None):
     if prim == "philox":
         return lambda: dyadic.philox4x32(inp.counter, inp.key, backend=backend, **kw)
     raise ValueError(prim)
+
+
+def _device_keys(keys, batch):
+    import torch
+
+    def field(value, dtype):
+        arr = np.broadcast_to(np.asarray(value).astype(dtype), (batch,))
+        return torch.from_numpy(np.ascontiguousarray(arr)).to("cuda")
+    return dyadic.Keys(seed=field(keys.seed, np.int64), generation=field(keys.generation, np.int32),
+                       round=field(keys.round, np.int32), position=field(keys.position, np.int32))
+
+
+def _outputs(inp):
+    """Preallocated GPU outputs of one call (the ``out=`` dict of dyadic/_device.py)."""
+    import torch
+
+    b, v, k, w = inp.batch, inp.vocab, inp.k, inp.top_k
+
+    def e(shape, dtype):
+        return torch.empty(shape, dtype=dtype, device="cuda")
+    status = e((b,), torch.int32)
+    if inp.primitive == "propose":
+        return {"tokens": e((b,), torch.int32), "counts": e((b, w), torch.uint32),
+                "ids": e((b, w), torch.int32), "status": status}
+    if inp.primitive == "allocate":
+        return {"counts": e((b, v), torch.uint32), "status": status}
+    if inp.primitive == "draw":
+        return {"tokens": e((b,), torch.int32)}
+    if inp.primitive == "verify":
+        return {"accepted": e((b,), torch.int32), "tokens": e((b, k + 1), torch.int32),
+                "status": status}
+    return None
 
 
 def alternatives_for(prim, device):

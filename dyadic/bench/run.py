@@ -88,6 +88,16 @@ def measure(cfg, backends, quiet=False):
             for name, make in alternatives_for(prim, "cpu"):
                 add(name, "cpu", timing.cpu_times(make(inp), cfg.repeats))
         if gpu:
+            # plain pipelines first: a failed dyadic capture cannot disturb torch's generator
+            for name, make in alternatives_for(prim, "cuda"):
+                fn = make(inp)
+                add(name, "cuda", timing.cuda_event_times(fn, cfg.repeats))
+                try:
+                    replay = timing.capture_graph(fn)
+                except Exception as exc:  # noqa: BLE001
+                    notes.append(f"{prim} {name}: graph capture failed ({exc})")
+                else:
+                    add("torch-graph", "cuda", timing.cuda_event_times(replay, cfg.repeats))
             for be in gpu_backends:
                 call = dyadic_call(inp, be)
                 add(f"dyadic-{be}-eager", "cuda", timing.cuda_event_times(call, cfg.repeats))
@@ -104,15 +114,6 @@ def measure(cfg, backends, quiet=False):
                 else:
                     add(f"dyadic-{be}-graph", "cuda",
                         timing.cuda_event_times(replay, cfg.repeats))
-            for name, make in alternatives_for(prim, "cuda"):
-                fn = make(inp)
-                add(name, "cuda", timing.cuda_event_times(fn, cfg.repeats))
-                try:
-                    replay = timing.capture_graph(fn)
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"{prim} {name}: graph capture failed ({exc})")
-                else:
-                    add("torch-graph", "cuda", timing.cuda_event_times(replay, cfg.repeats))
         _ratios(group, inp, bandwidth)
         results += group
     return results, sorted(set(notes))
