@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 from . import _backend, _spec, _status, _validate
+from ._api import _row_label
 from ._types import Dyadic, Keys, Verdict
 
 GPU_BACKENDS = ("cuda", "numba")
@@ -259,14 +260,6 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
                   vocab_size=v, policy=policy, _trusted=True)
 
 
-def _row_label(batch_shape):
-    def label(flat):
-        if len(batch_shape) <= 1:
-            return flat
-        return tuple(int(i) for i in np.unravel_index(flat, batch_shape))
-    return label
-
-
 def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=True, out=None):
     torch = _torch()
     code = _validate.policy(policy)
@@ -337,14 +330,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             raise ValueError(f"draft: row {int(bad[0])}: token ids must be in [0, {v})")
     d = d.to(torch.int32).contiguous()
     qc = qi = None
+    _validate.verify_q(q, b, k1 - 1, v)
     if q is not None:
-        if not isinstance(q, Dyadic):
-            raise TypeError(f"q: expected a dyadic.Dyadic or None (point-mass q), got "
-                            f"{type(q).__name__}")
-        if q.batch_shape != (b, k1 - 1):
-            raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = {(b, k1 - 1)}")
-        if q.vocab_size != v:
-            raise ValueError(f"q: vocab_size {q.vocab_size} does not match target's {v}")
         qc = torch.as_tensor(q.counts, device=dev).contiguous()
         qi = None if q.ids is None else torch.as_tensor(q.ids, device=dev).contiguous()
     if greedy is None:  # cached zeros per (device, B): no allocation or memset per call

@@ -141,8 +141,6 @@ def _first_bad(mask, name, rule):
 
 def verify_inputs(target, draft, q, greedy):
     """Shapes and dtypes of verify's inputs; returns NumPy views and sizes."""
-    from ._types import Dyadic
-
     target_dtype(target)
     t = _arrays.float_to_numpy(target, "target")
     if t.ndim != 3:
@@ -157,14 +155,7 @@ def verify_inputs(target, draft, q, greedy):
     bad = (d < 0) | (d >= v)
     _first_bad(bad.any(axis=1) if d.size else np.zeros(b, bool), "draft",
                f"token ids must be in [0, {v})")
-    if q is not None:
-        if not isinstance(q, Dyadic):
-            raise TypeError(f"q: expected a dyadic.Dyadic or None (point-mass q), got "
-                            f"{type(q).__name__}")
-        if q.batch_shape != (b, k1 - 1):
-            raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = {(b, k1 - 1)}")
-        if q.vocab_size != v:
-            raise ValueError(f"q: vocab_size {q.vocab_size} does not match target's {v}")
+    verify_q(q, b, k1 - 1, v)
     if greedy is None:
         g = np.zeros(b, dtype=np.uint8)
     else:
@@ -173,6 +164,21 @@ def verify_inputs(target, draft, q, greedy):
             raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({b},)")
         g = g.astype(np.uint8)
     return np.ascontiguousarray(t), np.ascontiguousarray(d.astype(np.int32)), g, b, k1 - 1, v
+
+
+def verify_q(q, b, k, v):
+    """verify's q: a Dyadic over (B, k) rows of the target's vocabulary, or None."""
+    from ._types import Dyadic
+
+    if q is None:
+        return
+    if not isinstance(q, Dyadic):
+        raise TypeError(f"q: expected a dyadic.Dyadic or None (point-mass q), got "
+                        f"{type(q).__name__}")
+    if q.batch_shape != (b, k):
+        raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = {(b, k)}")
+    if q.vocab_size != v:
+        raise ValueError(f"q: vocab_size {q.vocab_size} does not match target's {v}")
 
 
 def _is_f32(x):
