@@ -14,9 +14,16 @@ Block-level helpers (reductions, scans, radix selection) use shared memory
 and ``cuda.syncthreads`` only: no warp intrinsics, so the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) runs exactly the code the GPU runs.  Every
 helper must be called by all threads of the block (uniform control flow).
+
+Test-only switch: ``DYADIC_NUMBA_CORE_NJIT=1`` (read at import, default off)
+compiles the pure-arithmetic functions (``@device``) with ``numba.njit`` on the
+CPU instead of ``cuda.jit(device=True)``: same numba typing as the GPU, so
+compiled-only rounding shows without a GPU (tests/test_numba_compiled_core.py).
+Only the decorator changes; the kernels and block helpers cannot run under it.
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -56,13 +63,28 @@ PH_W0, PH_W1 = U(0x9E3779B9), U(0xBB67AE85)
 DOMAIN_SHIFT = U(_spec.DOMAIN_SHIFT)
 MAX_DRAW_INDEX = _spec.MAX_DRAW_INDEX
 
+#: Test-only switch (read once, at import): DYADIC_NUMBA_CORE_NJIT=1 compiles the
+#: pure-arithmetic device functions (those decorated ``@device``) with numba's CPU
+#: ``numba.njit`` instead of ``cuda.jit(device=True)``.  Both targets share numba's
+#: typing rules (unlike the simulator, which runs them as Python on NumPy
+#: scalars), so a typing hazard that only shows on a GPU (a signed/unsigned mix
+#: promoted to float64, float(float32) typed as float32) shows on the CPU too;
+#: tests/test_numba_compiled_core.py uses it.  The kernels cannot run under it.
+CORE_NJIT = os.environ.get("DYADIC_NUMBA_CORE_NJIT", "") == "1"
+if CORE_NJIT:
+    import numba
+
+    device = numba.njit
+else:
+    device = cuda.jit(device=True)
+
 MAX_TPB = 256  # shared arrays are sized for this; blocks are a power of two <= MAX_TPB
 
 
 # ---------------------------------------------------------------- Philox
 
 
-@cuda.jit(device=True)
+@device
 def philox(c0, c1, c2, c3, k0, k1, rounds):
     """Philox4x32 on uint64 values that hold 32-bit words."""
     for r in range(rounds):
@@ -82,7 +104,7 @@ def philox(c0, c1, c2, c3, k0, k1, rounds):
     return c0, c1, c2, c3
 
 
-@cuda.jit(device=True)
+@device
 def draw_block(seed, gen, rnd, pos, domain, index):
     """The 4 words at counter (domain << 28 | index, position, round, generation)."""
     c0 = (U(domain) << DOMAIN_SHIFT) | U(index)
@@ -92,7 +114,7 @@ def draw_block(seed, gen, rnd, pos, domain, index):
 # ---------------------------------------------------------------- 128-bit helpers
 
 
-@cuda.jit(device=True)
+@device
 def mul64(a, b):
     """Full 128-bit product of two uint64 values as (hi, lo)."""
     a0 = a & M32
@@ -109,14 +131,14 @@ def mul64(a, b):
     return hi, lo
 
 
-@cuda.jit(device=True)
+@device
 def add128(ah, al, bh, bl):
     if al > M64 - bl:
         return ah + bh + U1, al - (M64 - bl) - U1
     return ah + bh, al + bl
 
 
-@cuda.jit(device=True)
+@device
 def sub128(ah, al, bh, bl):
     """a - b for a >= b."""
     if al >= bl:
@@ -124,12 +146,12 @@ def sub128(ah, al, bh, bl):
     return ah - bh - U1, al + (M64 - bl) + U1
 
 
-@cuda.jit(device=True)
+@device
 def lt128(ah, al, bh, bl):
     return ah < bh or (ah == bh and al < bl)
 
 
-@cuda.jit(device=True)
+@device
 def divmod128_small(nh, nl, d):
     """(q_hi, q_lo, r) of a 128-bit n by 0 < d < 2**32 (long division in 32-bit limbs)."""
     r = U0
@@ -148,7 +170,7 @@ def divmod128_small(nh, nl, d):
     return (q3 << U32) | q2, (q1 << U32) | q0, r
 
 
-@cuda.jit(device=True)
+@device
 def bitlen64(x):
     n = 0
     while x > U0:
@@ -157,7 +179,7 @@ def bitlen64(x):
     return n
 
 
-@cuda.jit(device=True)
+@device
 def shift_floor(m, s):
     """floor(m * 2**s) for uint64 m and an int s (the result must fit in 64 bits)."""
     if s >= 0:
@@ -170,7 +192,7 @@ def shift_floor(m, s):
 # ---------------------------------------------------------------- RNG draws
 
 
-@cuda.jit(device=True)
+@device
 def uniform_below(nh, nl, seed, gen, rnd, pos, domain, start):
     """Exact uniform in [0, n) by masked rejection: (v_hi, v_lo, next_index, ok)."""
     mh, ml = sub128(nh, nl, U0, U1)
@@ -200,7 +222,7 @@ def uniform_below(nh, nl, seed, gen, rnd, pos, domain, start):
 # ---------------------------------------------------------------- conversions
 
 
-@cuda.jit(device=True)
+@device
 def exp2_neg_q62(f):
     e = EXP_TAB[0, np.int64((f >> U(24)) & U255)]
     h, l = mul64(e, EXP_TAB[1, np.int64((f >> U(16)) & U255)])
@@ -212,7 +234,7 @@ def exp2_neg_q62(f):
     return e
 
 
-@cuda.jit(device=True)
+@device
 def weight_from_gap(t):
     """Integer weight ~ 2**39 exp(-t) of a binary64 gap t = zmax - z >= 0."""
     if not t < 32.0:
@@ -226,7 +248,7 @@ def weight_from_gap(t):
     return exp2_neg_q62(y & M32) >> shift
 
 
-@cuda.jit(device=True)
+@device
 def f64_key(z):
     """An order-preserving uint64 of a non-NaN binary64 (-0.0 and 0.0 give one key).
 
@@ -249,7 +271,7 @@ def f64_key(z):
     return TOP_BIT | bits
 
 
-@cuda.jit(device=True)
+@device
 def f32_mant_exp(mag):
     """(mantissa uint64, exponent int) of a float32 magnitude bit pattern."""
     ex = np.int64((mag >> U23) & U255)
@@ -259,7 +281,7 @@ def f32_mant_exp(mag):
     return m | F32_HIDDEN, ex - 150
 
 
-@cuda.jit(device=True)
+@device
 def target_fixed(bits):
     """(P, invalid) for one float32 target value: P = floor(p * 2**62)."""
     mag = bits & F32_MAG
@@ -269,7 +291,7 @@ def target_fixed(bits):
     return shift_floor(m, e + 62), False
 
 
-@cuda.jit(device=True)
+@device
 def effective_logit(xf, bias, has_bias, b, brow, v, temperature):
     # np.float64, not float(): compiled numba types float(float32) as float32
     # (the simulator does not), which would round x + bias in binary32.
@@ -349,7 +371,7 @@ def block_exscan128(h, l, sh_h, sh_l, tid, tpb):
     return ph, pl
 
 
-@cuda.jit(device=True)
+@device
 def chunk_of(n, tid, tpb):
     c = (n + tpb - 1) // tpb
     lo = tid * c
