@@ -2,7 +2,10 @@
 GPU implementation; also runs under the CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
 
 Inputs and outputs are NumPy arrays (copied to the device and back) or device
-arrays (anything with ``__cuda_array_interface__``: used in place).  One block
+arrays (anything with ``__cuda_array_interface__``: used in place).  Key fields
+are arrays of length B or 1 (length 1 broadcasts: dyadic/_device.py passes
+length-1 device keys as they are), of 4- or 8-byte integers, signed or not;
+the kernels read them through numba_core.key_words.  One block
 per row; block size 256 on a GPU, 32 under the simulator (override with
 DYADIC_NUMBA_TPB, a power of two <= 256).  Correctness, not speed, is this
 backend's job: see numba_kernels.py for the kernel structure.

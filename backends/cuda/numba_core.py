@@ -111,6 +111,23 @@ def draw_block(seed, gen, rnd, pos, domain, index):
     return philox(c0, U(pos) & M32, U(rnd) & M32, U(gen) & M32, U(seed) & M32, U(seed) >> U32, 10)
 
 
+@device
+def key_words(seed, gen, rnd, pos, b):
+    """(seed, generation, round, position) of row b as uint64 values.
+
+    Each key field is an array of length B or 1: a length-1 field broadcasts
+    over the batch (the device path of dyadic/_device.py passes length-1
+    device keys as they are, as the cuda backend's ``ld_field`` allows).
+    Fields may be signed (torch int64 seed, int32 others): the 32-bit fields
+    are reduced to their low 32 bits, so ``position + i`` never wraps.
+    """
+    s = U(seed[b if seed.shape[0] > 1 else 0])
+    g = U(gen[b if gen.shape[0] > 1 else 0]) & M32
+    r = U(rnd[b if rnd.shape[0] > 1 else 0]) & M32
+    p = U(pos[b if pos.shape[0] > 1 else 0]) & M32
+    return s, g, r, p
+
+
 # ---------------------------------------------------------------- 128-bit helpers
 
 
@@ -217,6 +234,29 @@ def uniform_below(nh, nl, seed, gen, rnd, pos, domain, start):
         if lt128(xh, xl, nh, nl):
             return xh, xl, index, True
     return U0, U0, index, False
+
+
+@device
+def accept_decision(pd, total, c, seed, gen, rnd, pos, domain):
+    """(ok, rng_ok) of one draft token (reference sampling.accept): accept with
+    probability min(1, P_d 2**24 / (T c)), exactly.  N = P_d * 2**24 (128-bit);
+    N >= T c always accepts, else N = a c + b and the test is
+    ``V1 < a or (V1 == a and V2 < b)`` with V1 uniform on [0, T), V2 on [0, c)."""
+    nh = pd >> U40
+    nl = pd << U24
+    mh, ml = mul64(total, c)
+    if not lt128(nh, nl, mh, ml):
+        return True, True
+    ah, al, rb = divmod128_small(nh, nl, c)
+    vh, vl, nxt, good = uniform_below(U0, total, seed, gen, rnd, pos, domain, 0)
+    if not good:
+        return False, False
+    if vh != ah or vl != al:
+        return lt128(vh, vl, ah, al), True
+    _, wl, _, good = uniform_below(U0, c, seed, gen, rnd, pos, domain, nxt)
+    if not good:
+        return False, False
+    return wl < rb, True
 
 
 # ---------------------------------------------------------------- conversions

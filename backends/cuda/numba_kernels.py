@@ -17,10 +17,10 @@ from numba import cuda
 from dyadic import _spec, _status
 
 from .numba_core import (
-    F32_INF, F32_MAG, MAX_TPB, TARGET_ONE, TARGET_TOL, TOTAL, U, U0, U1, U8, U15, U24, U40,
-    add128, apply_select, block_argmax, block_exscan128, block_sum128, chunk_of, divmod128_small,
-    draw_block, effective_logit, f32_mant_exp, f64_key, first_exceeding, lt128, mul64, philox,
-    radix_select, shift_floor, sub128, target_fixed, uniform_below, weight_from_gap)
+    U, F32_INF, F32_MAG, MAX_TPB, TARGET_ONE, TARGET_TOL, TOTAL, U0, U1, U24, U40, U8,
+    accept_decision, add128, apply_select, block_argmax, block_exscan128, block_sum128, chunk_of,
+    draw_block, effective_logit, f32_mant_exp, f64_key, first_exceeding, key_words, lt128, mul64,
+    philox, radix_select, shift_floor, sub128, target_fixed, uniform_below, weight_from_gap)
 
 import numpy as np
 
@@ -238,7 +238,8 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
         for v in range(tid, n, tpb):
             counts[b, v] = CNT[b, v]
     if do_draw:
-        r = draw_block(seed[b], gen[b], rnd[b], pos[b], DOMAIN_PROPOSAL, 0)[0] >> U8
+        ks, kg, kr, kp = key_words(seed, gen, rnd, pos, b)
+        r = draw_block(ks, kg, kr, kp, DOMAIN_PROPOSAL, 0)[0] >> U8
         tok = first_exceeding(CNT, CNT, False, b, n, U0, r, sh_h, sh_l, sh_k, sh_i, tid, tpb)
         if tid == 0:
             tokens[b] = tok
@@ -255,7 +256,8 @@ def draw_kernel(counts, ids, sparse, seed, gen, rnd, pos, tokens):
     sh_i = cuda.shared.array(MAX_TPB, np.int64)
     sh_h = cuda.shared.array(MAX_TPB, np.uint64)
     sh_l = cuda.shared.array(MAX_TPB, np.uint64)
-    r = draw_block(seed[b], gen[b], rnd[b], pos[b], DOMAIN_PROPOSAL, 0)[0] >> U8
+    ks, kg, kr, kp = key_words(seed, gen, rnd, pos, b)
+    r = draw_block(ks, kg, kr, kp, DOMAIN_PROPOSAL, 0)[0] >> U8
     j = first_exceeding(counts, counts, False, b, counts.shape[1], U0, r,
                         sh_h, sh_l, sh_k, sh_i, tid, tpb)
     if tid == 0:
@@ -314,10 +316,7 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
     sh_l = cuda.shared.array(MAX_TPB, np.uint64)
     sh_misc = cuda.shared.array(4, np.uint64)
     g = greedy[b] != 0
-    sd = U(seed[b])
-    ge = U(gen[b])
-    ro = U(rnd[b])
-    p0 = U(pos[b])
+    sd, ge, ro, p0 = key_words(seed, gen, rnd, pos, b)
 
     # every target row: valid values, sum within tolerance (exact, 128-bit)
     st = 0
@@ -373,27 +372,10 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
         if tid == 0:
             total = TOT[b, i]
             pd, _ = target_fixed(U(tbits[b, i, d]))
-            nh = pd >> U40
-            nl = pd << U24
-            mh, ml = mul64(total, c)
-            ok = U1
-            rng = U1
-            if lt128(nh, nl, mh, ml):
-                ah, al, rb = divmod128_small(nh, nl, c)
-                vh, vl, nxt, good = uniform_below(U0, total, sd, ge, ro, p0 + U(i),
-                                                  DOMAIN_ACCEPTANCE, 0)
-                if not good:
-                    rng = U0
-                elif vh != ah or vl != al:
-                    ok = U1 if lt128(vh, vl, ah, al) else U0
-                else:
-                    wh, wl, _, good = uniform_below(U0, c, sd, ge, ro, p0 + U(i),
-                                                    DOMAIN_ACCEPTANCE, nxt)
-                    if not good:
-                        rng = U0
-                    ok = U1 if wl < rb else U0
-            sh_misc[0] = ok
-            sh_misc[1] = rng
+            acc_ok, rng_ok = accept_decision(pd, total, c, sd, ge, ro, p0 + U(i),
+                                             DOMAIN_ACCEPTANCE)
+            sh_misc[0] = U1 if acc_ok else U0
+            sh_misc[1] = U1 if rng_ok else U0
         cuda.syncthreads()
         ok = sh_misc[0]
         rng = sh_misc[1]
