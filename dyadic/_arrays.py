@@ -23,6 +23,17 @@ def is_gpu_array(x):
     return hasattr(x, "__cuda_array_interface__")
 
 
+def dtype_name(x):
+    """The dtype's bare name ('float64' for NumPy and torch alike): error messages
+    must not depend on the array library (every backend raises the same text)."""
+    return str(x.dtype).replace("torch.", "")
+
+
+def unsupported_float(name, x):
+    return TypeError(f"{name}: dtype {dtype_name(x)} not supported; expected float32, float16 "
+                     f"or bfloat16 (convert explicitly: dyadic never rounds inputs)")
+
+
 def kind_of(x):
     return "torch" if is_torch(x) else "numpy"
 
@@ -67,15 +78,13 @@ def float_to_numpy(x, name):
             return (bits.astype(np.uint32) << 16).view(np.float32)
         if x.dtype in (torch.float32, torch.float16):
             return x.numpy().astype(np.float32, copy=False)
-        raise TypeError(f"{name}: dtype {x.dtype} not supported; expected float32, "
-                        f"float16 or bfloat16")
+        raise unsupported_float(name, x)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got "
                         f"{type(x).__name__}")
     if x.dtype in (np.float32, np.float16):
         return x.astype(np.float32, copy=False)
-    raise TypeError(f"{name}: dtype {x.dtype} not supported; expected float32, float16 "
-                    f"or bfloat16 (convert explicitly: dyadic never rounds inputs)")
+    raise unsupported_float(name, x)
 
 
 def int_to_numpy(x, name, *, host_copy=False):
@@ -91,7 +100,7 @@ def int_to_numpy(x, name, *, host_copy=False):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected an integer array, got {type(x).__name__}")
     if x.dtype.kind not in "iu":
-        raise TypeError(f"{name}: dtype {x.dtype} is not an integer dtype")
+        raise TypeError(f"{name}: dtype {dtype_name(x)} is not an integer dtype")
     return x
 
 
@@ -100,7 +109,7 @@ def bool_to_numpy(x, name):
         x = x.detach().cpu().numpy()
     x = np.asarray(x)
     if x.dtype != np.bool_:
-        raise TypeError(f"{name}: dtype {x.dtype} is not bool")
+        raise TypeError(f"{name}: dtype {dtype_name(x)} is not bool")
     return x
 
 

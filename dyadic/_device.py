@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from . import _backend, _spec, _status, _validate
+from . import _arrays, _backend, _spec, _status, _validate
 from ._api import _row_label
 from ._types import Dyadic, Keys, Verdict
 
@@ -41,7 +41,6 @@ def _torch():
 
 def wants_device(backend, *arrays):
     """True when the call should take the GPU path."""
-    from . import _arrays
     return backend in GPU_BACKENDS and any(a is not None and _arrays.is_gpu_array(a)
                                            for a in arrays)
 
@@ -95,10 +94,8 @@ class _Stream:
 
 
 def _float_dtype(t, name):
-    s = str(t.dtype).replace("torch.", "")
-    if s not in ("float32", "float16", "bfloat16"):
-        raise TypeError(f"{name}: dtype {t.dtype} not supported; expected float32, float16 "
-                        f"or bfloat16")
+    if _arrays.dtype_name(t) not in ("float32", "float16", "bfloat16"):
+        raise _arrays.unsupported_float(name, t)
 
 
 def _temperature(temperature, batch, device, allow_zero, check):
@@ -307,7 +304,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     be = _backend.get(backend)
     t, kind = _as_torch(target)
     if t.dtype != torch.float32:
-        raise TypeError(f"target: dtype {t.dtype}; expected float32 probabilities")
+        raise TypeError(f"target: dtype {_arrays.dtype_name(t)}; expected float32 probabilities")
     if t.dim() != 3:
         raise ValueError(f"target: expected shape [B, k+1, V], got {tuple(t.shape)}")
     b, k1, v = (int(s) for s in t.shape)
@@ -319,7 +316,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     d, _ = _as_torch(draft) if not isinstance(draft, np.ndarray) else (torch.as_tensor(draft), "")
     d = d.to(dev)
     if d.is_floating_point():
-        raise TypeError(f"draft: dtype {d.dtype} is not an integer dtype")
+        raise TypeError(f"draft: dtype {_arrays.dtype_name(d)} is not an integer dtype")
     if tuple(d.shape) != (b, k1 - 1):
         raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
                          f"match target")
@@ -342,7 +339,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     else:
         g = torch.as_tensor(greedy, device=dev)
         if g.dtype != torch.bool:
-            raise TypeError(f"greedy: dtype {g.dtype} is not bool")
+            raise TypeError(f"greedy: dtype {_arrays.dtype_name(g)} is not bool")
         if tuple(g.shape) != (b,):
             raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
         g = g.to(torch.uint8)

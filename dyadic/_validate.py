@@ -94,7 +94,7 @@ def dyadic_parts(counts, ids, vocab_size, policy_name):
     if c.ndim < 1:
         raise ValueError("counts: expected shape [..., W]")
     if c.dtype != np.uint32:
-        raise TypeError(f"counts: dtype {c.dtype}; expected uint32")
+        raise TypeError(f"counts: dtype {_arrays.dtype_name(c)}; expected uint32")
     width = c.shape[-1]
     rows = c.reshape(-1, width)
     if ids is None:
@@ -107,7 +107,7 @@ def dyadic_parts(counts, ids, vocab_size, policy_name):
     else:
         i = _arrays.int_to_numpy(ids, "ids", host_copy=True)
         if i.dtype != np.int32:
-            raise TypeError(f"ids: dtype {i.dtype}; expected int32")
+            raise TypeError(f"ids: dtype {_arrays.dtype_name(i)}; expected int32")
         if i.shape != c.shape:
             raise ValueError(f"ids: shape {i.shape} != counts shape {c.shape}")
         if vocab_size is None:
@@ -190,5 +190,5 @@ def _is_f32(x):
 def target_dtype(x):
     """The target must be float32 (probabilities are not rounded by dyadic)."""
     if not _is_f32(x):
-        dt = getattr(x, "dtype", type(x).__name__)
+        dt = _arrays.dtype_name(x) if hasattr(x, "dtype") else type(x).__name__
         raise TypeError(f"target: dtype {dt}; expected float32 probabilities")

@@ -223,3 +223,16 @@ def test_dyadic_construction_rules():
 def test_draw_needs_dyadic():
     with pytest.raises(TypeError, match="q: expected a dyadic.Dyadic"):
         dyadic.draw(np.ones((1, 3), np.uint32), Keys(1), backend="reference")
+
+
+def test_dtype_messages_do_not_depend_on_the_array_library():
+    """The same text for NumPy and torch inputs, so every backend (CPU or device
+    path) raises the same message (found by dyadic.fuzz on the H200)."""
+    torch = pytest.importorskip("torch")
+    msgs = []
+    for x in (np.ones((1, 3), np.float64), torch.ones(1, 3, dtype=torch.float64)):
+        with pytest.raises(TypeError) as err:
+            dyadic.allocate(x, backend="reference")
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1] == ("x: dtype float64 not supported; expected float32, float16 "
+                                  "or bfloat16 (convert explicitly: dyadic never rounds inputs)")
