@@ -14,7 +14,6 @@ cdef extern from "dyadic_core.h" nogil:
     uint64_t dy_exp2_neg_q62(uint32_t f)
     uint64_t dy_weight_from_gap(double t)
     uint64_t dy_alloc_ws_words(uint32_t vocab, uint32_t top_k)
-    uint64_t dy_verify_ws_words(uint32_t vocab, uint32_t k)
     uint64_t dy_verify_host_ws_words(uint32_t vocab, uint32_t k)
     int dy_allocate_row(const float *x, const float *bias, double temperature, int logits,
                         int policy, uint32_t vocab, uint32_t top_k, uint32_t *counts,
@@ -26,10 +25,6 @@ cdef extern from "dyadic_core.h" nogil:
     int32_t dy_draw_dense(const uint32_t *counts, uint32_t width, uint32_t r)
     int32_t dy_draw_sparse(const uint32_t *counts, const int32_t *ids, uint32_t width,
                            uint32_t r)
-    int dy_verify_row(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
-                      const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
-                      int greedy, uint64_t seed, uint32_t generation, uint32_t round,
-                      uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens)
     int dy_verify_row_host(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
                            const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
                            int greedy, uint64_t seed, uint32_t generation, uint32_t round,

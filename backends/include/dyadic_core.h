@@ -1215,128 +1215,9 @@ DY_FUNC uint32_t dy_q_count(const uint32_t *qc, const int32_t *qi, uint32_t widt
     return c;
 }
 
-/* Workspace of dy_verify_row, in uint64_t words: (k + 1) totals + V uint32 (a
- * dense scatter of sparse q; must be all zero on entry, left all zero). */
-DY_FUNC uint64_t dy_verify_ws_words(uint32_t vocab, uint32_t k) {
-    return (uint64_t)k + 1u + (vocab + 1u) / 2u;
-}
-
-/* One request of verify.  target: float32 bits [(k+1), V]; draft [k];
- * q_counts [k, W] or NULL (point mass); q_ids [k, W] or NULL (dense, W = V);
- * tokens [k+1].  Returns a status; on error *accepted = 0 and tokens = -1. */
-DY_HOT int dy_verify_row(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
-                          const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
-                          int greedy, uint64_t seed, uint32_t generation, uint32_t round,
-                          uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens) {
-    uint64_t *totals = ws;
-    uint32_t *qdense = (uint32_t *)(ws + k + 1);
-    uint32_t i, v;
-    int st = DY_ST_OK;
-    *accepted = 0;
-    for (i = 0; i <= k; i++) tokens[i] = -1;
-    for (i = 0; i <= k; i++) {
-        st = dy_target_row_total(target + (uint64_t)i * vocab, vocab, &totals[i]);
-        if (st) return st;
-    }
-    if (!greedy) {
-        for (i = 0; i < k; i++) {
-            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
-            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
-            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
-        }
-    }
-    for (i = 0; i < k; i++) {
-        const uint32_t *row = target + (uint64_t)i * vocab;
-        const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
-        const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
-        int32_t d = draft[i];
-        int ok;
-        uint32_t pos = position + i;
-        if (greedy) {
-            int32_t best = dy_first_argmax_bits(row, vocab);
-            if (d == best) {
-                tokens[i] = d;
-                continue;
-            }
-            tokens[i] = best;
-            *accepted = (int32_t)i;
-            return DY_ST_OK;
-        }
-        st = dy_accept(dy_target_fixed(row[d]), totals[i], dy_q_count(qc, qi, width, d, d), seed,
-                       generation, round, pos, &ok);
-        if (st) break;
-        if (ok) {
-            tokens[i] = d;
-            continue;
-        }
-        {
-            /* residual draw over the full vocabulary (domain CORRECTION) */
-            dy_u128 sum = dy_make128(0, 0), x, acc = dy_make128(0, 0);
-            uint32_t idx = 0, j;
-            int32_t tok = -1;
-            if (qc && qi)
-                for (j = 0; j < width; j++)
-                    if (qi[j] >= 0) qdense[qi[j]] = qc[j];
-#define DY_QV(vv) (qc ? (qi ? qdense[vv] : qc[vv]) : ((int32_t)(vv) == d ? DY_TOTAL : 0u))
-            for (v = 0; v < vocab; v++)
-                sum = dy_add128(sum, dy_residual(dy_target_fixed_fast(row[v]), DY_QV(v), totals[i]));
-            if (dy_is_zero128(sum)) {
-                st = DY_ST_ALLOC_INCONSISTENT; /* unreachable for a valid q */
-            } else {
-                st = dy_uniform_below_u128(sum, seed, generation, round, pos,
-                                           DY_DOMAIN_CORRECTION, &idx, &x);
-            }
-            if (!st) {
-                for (v = 0; v < vocab; v++) {
-                    acc = dy_add128(acc, dy_residual(dy_target_fixed_fast(row[v]), DY_QV(v), totals[i]));
-                    if (dy_lt128(x, acc)) {
-                        tok = (int32_t)v;
-                        break;
-                    }
-                }
-            }
-#undef DY_QV
-            if (qc && qi)
-                for (j = 0; j < width; j++)
-                    if (qi[j] >= 0) qdense[qi[j]] = 0;
-            if (st) break;
-            tokens[i] = tok;
-            *accepted = (int32_t)i;
-            return DY_ST_OK;
-        }
-    }
-    if (!st) {
-        const uint32_t *row = target + (uint64_t)k * vocab;
-        if (greedy) {
-            tokens[k] = dy_first_argmax_bits(row, vocab);
-        } else {
-            uint64_t x, acc = 0;
-            uint32_t idx = 0;
-            st = dy_uniform_below_u64(totals[k], seed, generation, round, position + k,
-                                      DY_DOMAIN_CORRECTION, &idx, &x);
-            if (!st) {
-                for (v = 0; v < vocab; v++) {
-                    acc += dy_target_fixed_fast(row[v]);
-                    if (acc > x) {
-                        tokens[k] = (int32_t)v;
-                        break;
-                    }
-                }
-            }
-        }
-        if (!st) {
-            *accepted = (int32_t)k;
-            return DY_ST_OK;
-        }
-    }
-    *accepted = 0;
-    for (i = 0; i <= k; i++) tokens[i] = -1;
-    return st;
-}
-
 /* ============ host fast path of verify (CPU only; not compiled by NVRTC) ============
- * dy_verify_row_host: the same decisions, bits and statuses as dy_verify_row,
- * with a branch-free residual.  R_v = max(P_v 2**24 - c_v T, 0) is positive
+ * dy_verify_row_host: one request of verify, with the decisions, bits and
+ * statuses of dyadic/reference/sampling.verify_row, and a branch-free residual.  R_v = max(P_v 2**24 - c_v T, 0) is positive
  * exactly when P_v > thr(c_v) = c_v Th + floor(c_v Tl / 2**24) (T = Th 2**24
  * + Tl; c_v <= 2**24 so every term fits 64 bits), so sum R = 2**24 SP - T SC
  * with SP, SC the sums of P_v and c_v over those tokens.  The sums are kept
@@ -1405,7 +1286,7 @@ DY_FUNC uint32_t dy_sparse_at(const uint32_t *qc, const int32_t *qi, uint32_t nv
     return lo < nv && (uint32_t)qi[lo] == v ? qc[lo] : 0u;
 }
 
-/* The residual draw of dy_verify_row on one validated row; q: dense (qc),
+/* The residual draw of verify on one validated row; q: dense (qc),
  * sparse (qc, qi), or point mass at d (qc NULL). */
 DY_FUNC int dy_residual_draw_host(const uint32_t *row, const uint32_t *qc, const int32_t *qi,
                                   uint32_t width, uint32_t vocab, int32_t d, uint64_t total,
@@ -1492,8 +1373,10 @@ DY_FUNC int32_t dy_bonus_token_host(const uint32_t *row, uint32_t vocab, uint64_
     return -1;
 }
 
-/* dy_verify_row with the host residual / bonus; ws: dy_verify_host_ws_words
- * words (no zero-fill requirement). */
+/* One request of verify.  target: float32 bits [(k+1), V]; draft [k];
+ * q_counts [k, W] or NULL (point mass); q_ids [k, W] or NULL (dense, W = V);
+ * tokens [k+1]; ws: dy_verify_host_ws_words words (no zero-fill requirement).
+ * Returns a status; on error *accepted = 0 and tokens = -1. */
 DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
                                const uint32_t *q_counts, const int32_t *q_ids, uint32_t width,
                                uint32_t k, uint32_t vocab, int greedy, uint64_t seed,
