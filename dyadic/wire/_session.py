@@ -117,7 +117,20 @@ class Discarded:
     error: E.WireError
 
 
-class VerifierSession:
+class _Negotiating:
+    """HELLO handling shared by both session sides (``self.local`` is our HELLO,
+    ``self.agreement`` the negotiated result or None)."""
+
+    def on_hello(self, remote):
+        self.agreement = negotiate(self.local, remote)
+        return self.agreement
+
+    @property
+    def limits(self):
+        return self.agreement.limits if self.agreement else Limits()
+
+
+class VerifierSession(_Negotiating):
     """Verifier-side state: generation/round tracking, in-flight round, counters.
 
     hello : the local Hello (role ROLE_VERIFIER).  session : u64 session id.
@@ -135,14 +148,6 @@ class VerifierSession:
         self._reply = None        # (Reply, frame bytes) awaiting COMPLETION
         self._done = False        # current round produced a Proposal / Discarded
 
-    # -- negotiation
-    def on_hello(self, remote):
-        self.agreement = negotiate(self.local, remote)
-        return self.agreement
-
-    @property
-    def limits(self):
-        return self.agreement.limits if self.agreement else Limits()
 
     @property
     def in_flight(self):
@@ -286,7 +291,7 @@ class VerifierSession:
         return msg
 
 
-class DrafterSession:
+class DrafterSession(_Negotiating):
     """Drafter-side state.
 
     propose(step) -> (sampled int32 [n_slots, depth], q Dyadic [n_slots, depth]):
@@ -308,13 +313,6 @@ class DrafterSession:
         self._cache_attempt = -1
         self.counters = Counter()
 
-    def on_hello(self, remote):
-        self.agreement = negotiate(self.local, remote)
-        return self.agreement
-
-    @property
-    def limits(self):
-        return self.agreement.limits if self.agreement else Limits()
 
     def on_frame(self, data):
         """Feed one frame; returns the frames to send back (possibly none)."""
