@@ -11,7 +11,7 @@ def _on_device(backend, x):
 
     ``check`` and ``out`` (all primitives) apply to that path: see its docstring.
     """
-    return backend in ("cuda", "numba") and _arrays.is_gpu_array(x)
+    return backend in _backend.GPU_BACKENDS and _arrays.is_gpu_array(x)
 
 
 def _alloc_outputs(batch, v, width):
@@ -28,8 +28,7 @@ def _dyadic(counts, ids, batch_shape, v, policy, kind):
     if kind != "numpy":
         counts = _arrays.output(counts, kind)
         ids = None if ids is None else _arrays.output(ids, kind)
-    c, i = counts, ids
-    return Dyadic(c, i, vocab_size=v, policy=policy, _trusted=True)
+    return Dyadic(counts, ids, vocab_size=v, policy=policy, _trusted=True)
 
 
 def _row_label(batch_shape):

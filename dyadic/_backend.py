@@ -39,6 +39,9 @@ class Backend(Protocol):
         [B, k+1], status int32 [B]."""
 
 
+#: Backends that run on a CUDA device (and take dyadic/_device.py for device arrays).
+GPU_BACKENDS = ("cuda", "numba")
+
 _REGISTRY = {
     "cpu": ("dyadic.backends.cpu.backend", "CpuBackend",
             "the compiled CPU extension is missing: reinstall dyadic (pip install .)"),

@@ -31,18 +31,12 @@ from . import _arrays, _backend, _spec, _status, _validate
 from ._api import _row_label
 from ._types import Dyadic, Keys, Verdict
 
-GPU_BACKENDS = ("cuda", "numba")
+GPU_BACKENDS = _backend.GPU_BACKENDS
 
 
 def _torch():
     import torch
     return torch
-
-
-def wants_device(backend, *arrays):
-    """True when the call should take the GPU path."""
-    return backend in GPU_BACKENDS and any(a is not None and _arrays.is_gpu_array(a)
-                                           for a in arrays)
 
 
 def _as_torch(a):
@@ -355,5 +349,5 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
                    None if check else _back(status, kind))
 
 
-__all__ = ["allocate", "draw", "propose", "verify", "wants_device", "GPU_BACKENDS"]
+__all__ = ["allocate", "draw", "propose", "verify", "GPU_BACKENDS"]
 _ = (sys, _spec)

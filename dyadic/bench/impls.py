@@ -3,11 +3,10 @@
 import numpy as np
 
 import dyadic
+from dyadic._backend import GPU_BACKENDS
 
 from . import alternatives
 from .inputs import Inputs
-
-GPU_BACKENDS = ("cuda", "numba")
 
 
 def _dev(a, device, dtype=None):

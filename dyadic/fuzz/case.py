@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._backend import GPU_BACKENDS
+
 PRIMITIVES = ("allocate", "propose", "draw", "verify", "philox")
-GPU_BACKENDS = ("cuda", "numba")
 
 
 @dataclass
