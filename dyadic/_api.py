@@ -215,11 +215,18 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     greedy : bool [B], optional
         Rows verified against the target argmax (ties: lowest id): accept
         while d_i == argmax p_i, then emit argmax; no randomness.
+    check : True, False or "lazy"
+        GPU arrays only (dyadic/_device.py); host arrays are always
+        validated in full and raise.  "lazy" reads and validates only the
+        target data the decisions need (see dyadic/_device.py); results on
+        valid input are identical in every mode.
 
     Returns
     -------
     Verdict(accepted int32 [B], tokens int32 [B, k+1]).
     """
+    if isinstance(check, str) and check != "lazy":
+        raise ValueError(f"check: expected True, False or 'lazy', got {check!r}")
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
         from . import _device
         return _device.verify(target, draft, q, keys, greedy=greedy, backend=backend,

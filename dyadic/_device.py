@@ -15,6 +15,17 @@ is written to the per-row status array, which is returned as
 ``Verdict.status`` (verify) or written into ``out["status"]`` (propose,
 allocate).  Structural rules (shapes, dtypes) raise in both modes.
 
+``check="lazy"`` (verify only): like ``check=False``, but a request's target
+rows are read and validated only where its decisions need them: the value
+p_i(d_i) of each tested draft, the full row whose exact sum a decision needs
+(an acceptance test whose uniform falls within the row-sum tolerance of the
+threshold), and the residual / bonus row.  For valid inputs the results are
+bit-identical to ``check=True`` / ``False`` on every backend.  For invalid
+inputs a request fails closed when a rule breaks on data it read; data it did
+not read (rows after the first rejection, the other entries of an accepted
+row) is not examined.  Backends without a lazy kernel (numba) validate
+everything, as with ``check=False``.
+
 ``out=``: a dict of preallocated outputs (``tokens``, ``counts``, ``ids``,
 ``status`` for propose/allocate; ``accepted``, ``tokens``, ``status`` for
 verify).  With ``check=False``, device keys and ``out=``, propose and verify
@@ -295,6 +306,11 @@ def draw(q, keys, *, backend, check=True, out=None):
 
 def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     torch = _torch()
+    lazy = isinstance(check, str)
+    if lazy and check != "lazy":
+        raise ValueError(f"check: expected True, False or 'lazy', got {check!r}")
+    if lazy:
+        check = False
     be = _backend.get(backend)
     t, kind = _as_torch(target)
     if t.dtype != torch.float32:
@@ -343,7 +359,10 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     status = _get_out(out, "status", (b,), torch.int32, dev)
     if b:
         with _Stream(backend, dev):
-            be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
+            if lazy and greedy is None and hasattr(be, "verify_lazy"):
+                be.verify_lazy(t, d, qc, qi, *keys_b, accepted, tokens, status)
+            else:
+                be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
     _finish(status, check)
     return Verdict(_back(accepted, kind), _back(tokens, kind),
                    None if check else _back(status, kind))
