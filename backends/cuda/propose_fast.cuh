@@ -1,0 +1,299 @@
+/* Fast top-k allocate / propose for K <= 32 (included by dyadic_kernels.cu).
+ *
+ * One launch, grid (R, B), PK_NT threads: block r of row b takes the ids
+ * [r * chunk, min(V, (r + 1) * chunk)); the host picks R so that B * R fills
+ * the chip (R * K <= PK_NT * 2).  The last block of a row (atomic counter
+ * after __threadfence; it resets the counter, so CUDA-graph replays start at
+ * zero) merges the R * K candidates, allocates 2**24 tickets and draws in
+ * one warp.  No block waits for another.
+ *
+ * Exactness.  Every block selects the K best of its ids by (key desc, id
+ * asc), where key is the exact ranking key of dc_topk (dy_order_key(z) for
+ * logits, mag + 1 for probabilities), so the result equals dc_topk bit for
+ * bit.  The selection (pk_select) never ranks all elements:
+ *  1. each thread keeps the maximum "coarse key" of its elements.  The coarse
+ *     key is in the same strict order as the exact key: for logits without
+ *     bias and 2**-700 <= T <= 2**800 it is the float order key of x (x ->
+ *     x / T is then strictly increasing, see pk_topk), otherwise it is the
+ *     exact key itself;
+ *  2. t = the exact K-th largest of the PK_NT per-thread maxima (radix select
+ *     with warp-aggregated histogram counts); at least K elements have a
+ *     coarse key >= t, so the K best all do;
+ *  3. only threads whose maximum is >= t rescan their elements and compact
+ *     the survivors (coarse >= t, with their exact keys) into shared memory;
+ *     each survivor is ranked by counting (key desc, id asc) and the K best
+ *     are written in rank order.  When more than PK_SMAX survive (masses of
+ *     ties) the exact radix select of dyadic_cuda.cuh over all elements
+ *     (ties: lowest index = lowest id) picks the K best instead.
+ * The merge in the last block runs pk_select over the candidates, which are
+ * laid out (block asc, rank asc): among equal keys that is id order, so the
+ * fallback's "lowest index" tie rule is still "lowest id".
+ * The tail (weights, floor, largest remainders or floor-first, compaction
+ * in id order, the draw) is the same integer arithmetic as dc_topk, one
+ * support entry per lane of warp 0. */
+#ifndef DYADIC_PROPOSE_FAST_CUH
+#define DYADIC_PROPOSE_FAST_CUH
+
+#define PK_NT 512
+#define PK_SMAX 1024
+#define PK_KMAX 32
+
+struct PkShared {
+  u32 hist[256];
+  u64 sk[PK_SMAX];
+  int si[PK_SMAX];
+  u64 prefix;
+  int need;
+  u64 bad;
+  int is_last;
+  int nsurv;
+};
+
+/* float order key of a float (-0.0 == +0.0); monotone in the float's value */
+DC_FN u32 pk_fkey(float f) {
+  u32 u = __float_as_uint(f);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* The exact K-th largest of one value per thread (values < 2**(top + 8)).
+ * Histogram passes over 8-bit digits; counts aggregated per warp with
+ * __match_any_sync (one shared atomic per distinct digit and warp). */
+DC_FN u64 pk_kth_largest(u64 v, int K, int top, PkShared& ps) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  u64 prefix = 0, mask = 0;
+  int need = K;
+  for (int shift = top; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += blockDim.x) ps.hist[b] = 0;
+    __syncthreads();
+    const bool in = (v & mask) == prefix;
+    const u32 d = (u32)(v >> shift) & 255u;
+    const unsigned peers = __match_any_sync(0xffffffffu, in ? d : 0x100u + 0u);
+    if (in && lane == __ffs(peers) - 1) atomicAdd(&ps.hist[d], (u32)__popc(peers));
+    __syncthreads();
+    if (tid < 32) {
+      u32 c[8]; u32 sl = 0;
+      for (int j = 0; j < 8; ++j) { c[j] = ps.hist[255 - 8 * lane - j]; sl += c[j]; }
+      u32 inc = sl;
+      for (int o = 1; o < 32; o <<= 1) { u32 t = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += t; }
+      const u32 exc = inc - sl;
+      if (exc < (u32)need && (u32)need <= inc) {
+        u32 cum = exc;
+        for (int j = 0; j < 8; ++j) {
+          if (cum + c[j] >= (u32)need) {
+            ps.prefix = prefix | ((u64)(255 - 8 * lane - j) << shift);
+            ps.need = need - (int)cum;
+            break;
+          }
+          cum += c[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix = ps.prefix; need = ps.need;
+    mask |= (u64)0xFF << shift;
+    __syncthreads();
+  }
+  return prefix;
+}
+
+/* The K best of n elements (index i in [0, n), thread t owns i = t + j *
+ * PK_NT) by (exact key desc, id asc); emits out(rank, key, id) for rank <
+ * min(K, n).  coarse(i): a key (u64 < 2**(ctop + 8)) in the same strict
+ * order as exact(i) (equal iff equal); id(i): the id of element i.  Ids must
+ * increase with i among equal keys (see the header comment). */
+template <class C, class E, class I, class OUT>
+DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, OUT out,
+                     PkShared& ps, DcShared& sh) {
+  const int tid = threadIdx.x;
+  u64 mx = 0;
+#pragma unroll 8
+  for (int i = tid; i < n; i += PK_NT) { u64 c = coarse(i); mx = c > mx ? c : mx; }
+  const int kk = K < n ? K : n;
+  /* t: at least kk elements have coarse >= t, so the kk best all do;
+   * t == 0 only when fewer than kk threads own elements (every key is > 0) */
+  const u64 t = pk_kth_largest(mx, kk, ctop, ps);
+  int cnt = 0;
+  const bool mine = tid < n && mx >= t;
+  if (mine)
+    for (int i = tid; i < n; i += PK_NT) cnt += coarse(i) >= t;
+  int S; int pos = block_excl_scan(cnt, &S, sh);
+  if (S <= PK_SMAX) {
+    if (mine && cnt)
+      for (int i = tid; i < n; i += PK_NT)
+        if (coarse(i) >= t) { ps.sk[pos] = exact(i); ps.si[pos] = id(i); ++pos; }
+  } else {
+    DcSel s = block_select(exact, n, kk, sh, etop);
+    S = block_compact([&](int i) { return sel_has(s, exact(i), i); },
+                      [&](int i, int r) { ps.sk[r] = exact(i); ps.si[r] = id(i); }, n, sh);
+  }
+  __syncthreads();
+  for (int a = tid; a < S; a += PK_NT) {
+    const u64 ka = ps.sk[a]; const int ia = ps.si[a];
+    int rank = 0;
+    for (int b = 0; b < S; ++b) {
+      const u64 kb = ps.sk[b];
+      rank += kb > ka || (kb == ka && ps.si[b] < ia);
+    }
+    if (rank < kk) out(rank, ka, ia);
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status) {
+  __shared__ DcShared sh;
+  __shared__ PkShared ps;
+  __shared__ u64 ok[PK_KMAX];
+  __shared__ int oi[PK_KMAX];
+  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V;
+  const i64 boff = bias_rows > 1 ? xoff : 0;
+  /* coarse keys: float order keys for logits without bias where x -> z = x / T
+   * is strictly increasing (-0.0 == +0.0): 2**-700 <= T <= 2**800 keeps every
+   * finite nonzero |z| in [2**-949, 2**828], normal doubles, and distinct
+   * floats (relative gap >= 2**-24) round to distinct doubles; NaN / +inf
+   * statuses then equal rank_key's.  Otherwise the exact keys. */
+  const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;
+  const int ctop = fast || !logits ? 24 : 56;
+  const int etop = logits ? 56 : 24;
+  auto exact_x = [&](float xf, i64 v) -> u64 {  /* exact key of an element */
+    int bad;
+    return rank_key(xf, bias, bdt, boff + v, T, logits, &bad);
+  };
+  if (tid == 0) ps.bad = NONE_BAD;
+  const int lo = r * chunk, n = min(V, lo + chunk) - lo;
+  u64* ck = cand_key + ((i64)row * R + r) * K;
+  int* ci = cand_id + ((i64)row * R + r) * K;
+  {
+    u64 mybad = NONE_BAD;  /* the thread's first bad id (ids increase per thread) */
+    auto el = [&](int i) { return load_f(x, xdt, xoff + lo + i); };
+    auto coarse = [&](int i) -> u64 {  /* called once per element: also validates */
+      const float f = el(i);
+      int bad; u64 k;
+      if (fast) {
+        bad = (f != f || f == __int_as_float(0x7F800000)) ? dy_logit_status((double)f) : 0;
+        k = pk_fkey(f);
+      } else {
+        k = rank_key(f, bias, bdt, boff + lo + i, T, logits, &bad);
+      }
+      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
+      return k;
+    };
+    auto exact = [&](int i) -> u64 { return exact_x(el(i), lo + i); };
+    auto idf = [&](int i) { return lo + i; };
+    auto emit = [&](int rank, u64 k, int id) { ck[rank] = k; ci[rank] = id; };
+    pk_select(coarse, exact, idf, n, K, ctop, etop, emit, ps, sh);
+    for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; ci[j] = -1; }  /* n < K: padding */
+    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+    __syncthreads();
+  }
+  const u64 bbad = ps.bad;
+  if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
+  __syncthreads();
+  if (!ps.is_last) return;
+  __threadfence();
+  if (tid == 0) counters[row] = 0;
+
+  /* ---- last block of the row ---- */
+  const int W = K;
+  u64 b = NONE_BAD;
+  for (int t = tid; t < R; t += PK_NT) { u64 w = __ldcg(&blk_bad[(i64)row * R + t]); b = w < b ? w : b; }
+  b = block_reduce64(b, 2, sh);
+  if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
+  {
+    const int N = R * K;
+    const u64* rk = cand_key + (i64)row * N;
+    const int* ri = cand_id + (i64)row * N;
+    auto cexact = [&](int i) -> u64 { return __ldcg(&rk[i]); };
+    auto cid = [&](int i) { return __ldcg(&ri[i]); };
+    /* padding entries (key 0, id -1) are never among the K best: V >= K real ones */
+    auto ccoarse = [&](int i) -> u64 {
+      const int id = cid(i);
+      return id < 0 ? 0 : (u64)pk_fkey(load_f(x, xdt, xoff + id));
+    };
+    auto emit = [&](int rank, u64 k, int id) { ok[rank] = k; oi[rank] = id; };
+    if (fast) pk_select(ccoarse, cexact, cid, N, K, ctop, etop, emit, ps, sh);
+    else pk_select(cexact, cexact, cid, N, K, ctop, etop, emit, ps, sh);
+  }
+  if (tid >= 32) return;
+  /* ---- warp 0: lane j holds the support entry of rank j (j < K) ---- */
+  const int lane = tid;
+  const bool act = lane < K;
+  const u64 key = act ? ok[lane] : 0;
+  const int id = act ? oi[lane] : 0x7FFFFFFF;
+  const u64 mk = ok[0];
+  const int argmax = oi[0];
+  u32* crow = counts + (i64)row * W;
+  int* irow = ids + (i64)row * W;
+  if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) {
+    fail_sparse(row, W, DY_ST_X_ZERO_MASS, do_draw ? tokens : 0, counts, ids, status);
+    return;
+  }
+  if (greedy) {
+    for (int j = lane; j < W; j += 32) { crow[j] = j ? 0u : DY_TOTAL; irow[j] = j ? -1 : argmax; }
+    if (lane == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
+    return;
+  }
+  int pos = 0;  /* position in id order */
+  for (int i = 0; i < K; ++i) pos += __shfl_sync(0xffffffffu, id, i) < id;
+  const u64 w = act ? weight_of_key(key, mk, logits) : 0;
+  const u64 S = warp_sum64(w);
+  const u64 m = (u64)DY_TOTAL * w;
+  u64 c = m / S;
+  const u64 rem = m - c * S;
+  const i64 remaining = (i64)DY_TOTAL - (i64)warp_sum64(c);
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
+    fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status);
+    return;
+  }
+  if (remaining > 0) {
+    if (policy == 0) {
+      int rank = 0;
+      for (int i = 0; i < K; ++i) {
+        const u64 ri = __shfl_sync(0xffffffffu, rem, i);
+        const int pi = __shfl_sync(0xffffffffu, pos, i);
+        rank += ri > rem || (ri == rem && pi < pos);
+      }
+      if (act && rank < (int)remaining) c += 1;
+    } else if (act && id == argmax) {
+      c += (u64)remaining;
+    }
+  }
+  /* nonzero entries in id order, then zeros / -1 */
+  const bool nzj = act && c != 0;
+  int outi = 0, nz = 0; u64 cum = 0;
+  for (int i = 0; i < K; ++i) {
+    const u64 cv = __shfl_sync(0xffffffffu, c, i);
+    const int pi = __shfl_sync(0xffffffffu, pos, i);
+    nz += cv != 0;
+    outi += cv != 0 && pi < pos;
+    cum += pi <= pos ? cv : 0;
+  }
+  if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
+  for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
+  if (do_draw) {
+    const DcKey kk = load_key(kseed, kgen, krnd, kpos, kfmt, row);
+    const u32 x0 = key_ticket(kk);
+    /* the first entry in id order whose running count exceeds x0 */
+    const int hit = nzj && cum > (u64)x0 ? pos : 0x7FFFFFFF;
+    int best = hit, bid = id;
+    for (int o = 16; o; o >>= 1) {
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oid = __shfl_xor_sync(0xffffffffu, bid, o);
+      if (ob < best) { best = ob; bid = oid; }
+    }
+    if (lane == 0) tokens[row] = best == 0x7FFFFFFF ? -1 : bid;
+  }
+  if (lane == 0) status[row] = 0;
+}
+
+#endif
