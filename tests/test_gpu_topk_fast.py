@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import dyadic
-from dyadic._backend import _load
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+from conftest import _load
+
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
