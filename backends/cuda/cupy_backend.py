@@ -27,6 +27,16 @@ Launch structure:
   the total, finds the tile by a prefix over the tile sums and the
   first-exceeding id inside that tile.  DYADIC_CUDA_VERIFY=split runs the
   same work as four launches.
+- verify_lazy (check="lazy", no greedy rows), two launches: (1) dc_vlazy,
+  grid (tiles, B): every block classifies the k acceptance tests of its
+  request for every valid row total T (|T - 2^62| <= 2^52) at once:
+  accepted for all, rejected for all, or ambiguous (reading only P(d_i) and
+  c_i(d_i)); it then sums its tile of the candidate rows only (the ambiguous
+  rows before the first sure rejection, plus that row or the bonus row); the
+  last block of the request gets their exact T and validity and walks the
+  chain exactly (dy_accept where ambiguous).  (2) dc_v2 as in verify: the
+  residual (or bonus) row.  See verify_lazy.cuh for why the decision is not
+  monotone in T (ambiguous ~ alpha (1 - alpha) per test, not 2^-9).
 
 The scalar integer work (128-bit arithmetic, Philox, uniform_below, weights,
 target fixed point, acceptance split, residual, status codes) is the shared
@@ -564,4 +574,48 @@ class CupyBackend:
             rcnt = scratch("rcnt", 4 * batch)
             _kernel("dc_vpart_chain")((rows, ntiles), (256,), chain_args + (vcnt,))
             _kernel("dc_vresid_fused")((nrt, batch), (256,), draw_args + (rcnt,))
+        call.finish()
+
+    def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
+                    accepted, tokens, status):
+        """verify with check="lazy" (no greedy rows): dc_vlazy + dc_v2 (verify_lazy.cuh)."""
+        batch, k1, v = (int(s) for s in target.shape)
+        k = k1 - 1
+        if k > _MAX_K_VERIFY:
+            raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
+                             f"tokens per request, got k={k}")
+        call = _Call()
+        w = 0 if q_counts is None else int(q_counts.shape[-1])
+        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
+        t, d = call(target), call(draft)
+        qc, qi = call(q_counts), call(q_ids)
+        a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
+        dev = _device_id()
+        pk = ("verify_lazy", dev, batch, k1, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            nsm = _num_sms()
+            vt = _tile_for(v, batch, nsm, 16384)  # ~1-2 candidate rows per request
+            nt = (v + vt - 1) // vt
+            rt = _tile_for(v, batch, nsm, 8192)
+            nrt = (v + rt - 1) // rt
+            n = batch * k1 * nt
+            plan = (np.int32(vt), np.int32(nt), nt, np.int32(rt), np.int32(nrt), nrt,
+                    scratch("lz_part_lo", 8 * n), scratch("lz_part_hi", 8 * n),
+                    scratch("lz_part_bad", 4 * n), scratch("lz_res_row", 4 * batch),
+                    scratch("lz_res_T", 8 * batch), scratch("lz_rpart", 16 * batch * nrt),
+                    scratch("lz_cnt", 4 * batch), scratch("lz_rcnt", 4 * batch),
+                    _kernel("dc_vlazy"), _kernel("dc_v2"))
+            _PLANS[pk] = plan
+        (vt, nt32, nt, rt, nrt32, nrt, plo, phi, pbad, res_row, res_t, rpart, cnt, rcnt,
+         ka, kb) = plan
+        vec_t = v % 4 == 0 and int(t) % 16 == 0
+        vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
+        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
+        ka((nt, batch), (256,),
+           (t, d, qc, qi, w32, k32, v32, nt32, *kptrs, np.int32(kfmt), plo, phi, pbad, res_row,
+            res_t, a, tk, st, cnt, vt, np.int32(vec_t)))
+        kb((nrt, batch), (256,),
+           (t, d, qc, qi, w32, k32, v32, nrt32, *kptrs, np.int32(kfmt), res_row, res_t, rpart,
+            a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q)))
         call.finish()

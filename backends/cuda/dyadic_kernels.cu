@@ -1227,3 +1227,4 @@ extern "C" __global__ void __launch_bounds__(256) dd_mark(int V, int dt, int nti
     else if (m == prefix) { if (r < need) crow[v] += 1; ++r; }
   }
 }
+#include "verify_lazy.cuh"
