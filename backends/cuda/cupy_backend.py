@@ -69,10 +69,10 @@ _TOPK_STAGE = os.environ.get("DYADIC_CUDA_TOPK_STAGE", "1") == "1"
 # DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
 # (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
-# DYADIC_CUDA_DENSE=old: dense allocate / propose by dc_dense (one block per row).
-# Default: the multi-block dd_* kernels (grid (tiles, B), exact integer atomics).
-# H200 2026-11-29: parity 343 passed with it; allocate dense f32 B=64 597 -> 261 us.
-_DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "mb")
+# DYADIC_CUDA_DENSE=old: dense allocate / propose by dc_dense (one block per row);
+# =mb: the multi-block dd_* kernels (H200 2026-11-29: parity 343 passed, allocate dense
+# f32 B=64 597 -> 261 us).  Default: the four da_* kernels (dense_alloc.cuh, _dense_da).
+_DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da")
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
@@ -435,8 +435,11 @@ class CupyBackend:
                              call(tokens, True), call(counts, True), call(ids, True),
                              call(status, True))
             _kernel("dc_topk")((ntiles, batch), (256,), args)
-        elif _DENSE_MODE != "old":
+        elif _DENSE_MODE == "mb":
             self._dense_mb(common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
+                           status)
+        elif _DENSE_MODE != "old":
+            self._dense_da(common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                            status)
         else:
             sc = scratch("dense", 8 * batch * v)
@@ -444,6 +447,51 @@ class CupyBackend:
                              call(tokens, True), call(counts, True), call(status, True))
             _kernel("dc_dense")((batch,), (1024,), args)
         call.finish()
+
+    # dense allocate / propose, default path: DA_RS / DA_CAP of dense_alloc.cuh
+    _DA_RS = 1040
+    _DA_CAP = 2048
+
+    def _dense_da(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
+                  status):
+        """Dense allocate / propose in four launches (da_* in dense_alloc.cuh).
+
+        da_max, da_sum, da_floor (digit histogram; the last block of a row finds the
+        boundary bin), da_mark (counts written once; the last block of a row resolves
+        the boundary bin exactly and zeroes the row state).  The state is zero between
+        calls (no memset), so the sequence can be captured in a CUDA graph.  Every
+        pointer is computed before the first launch: a failure in between would leave
+        the state dirty.
+        """
+        dev = _device_id()
+        pk = ("dense_da", dev, batch, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            # tiles: one wave of <= 4 blocks per SM (the kernels are bounded to 64 registers)
+            want = max(1, (4 * _num_sms()) // max(batch, 1))
+            dt = -(-v // want)
+            dt = max(1024, -(-dt // 1024) * 1024)
+            nti = (v + dt - 1) // dt
+            plan = (np.int32(dt), nti, scratch("da_state", 8 * batch * self._DA_RS),
+                    scratch("da_cand_r", 8 * batch * self._DA_CAP),
+                    scratch("da_cand_i", 4 * batch * self._DA_CAP),
+                    _kernel("da_max"), _kernel("da_sum"), _kernel("da_floor"), _kernel("da_mark"),
+                    _kernel("dc_draw"))
+            _PLANS[pk] = plan
+        dt, nti, state, cand_r, cand_i, kmax, ksum, kfloor, kmark, kdraw = plan
+        cnt, st = call(counts, True), call(status, True)
+        tk = call(tokens, True) if do_draw else _NULL
+        vec = np.int32(int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0)
+        cvec = np.int32(v % 4 == 0 and int(cnt) % 16 == 0)
+        pol = np.int32(policy)
+        grid, blk = (nti, batch), (256,)
+        base = common + (dt, vec)
+        kmax(grid, blk, base + (state,))
+        ksum(grid, blk, base + (state,))
+        kfloor(grid, blk, base + (pol, state))
+        kmark(grid, blk, base + (pol, state, cand_r, cand_i, cnt, cvec, st))
+        if do_draw:
+            kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, np.int32(kfmt), tk))
 
     def _dense_mb(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                   status):

@@ -1,0 +1,413 @@
+/* ========================================================================
+ * Dense allocate / propose, four launches (default; DYADIC_CUDA_DENSE=mb
+ * keeps the dd_* kernels, =old keeps dc_dense).  Included at the end of
+ * dyadic_kernels.cu.
+ *
+ * Grid (ntiles, B), tile `dt` elements (a multiple of 1024), 256 threads.
+ * Every stage recomputes the keys / weights from x (x is 33 MB at the
+ * benchmark shape and mostly stays in L2); there is no [B, V] scratch.
+ * Per-row state `st` (DA_RS u64 words) is ZERO between calls: the blocks only
+ * add / max into it and the last block of da_mark zeroes it (da_floor's last
+ * block zeroes the histogram).  No memset, no host sync, graph-replayable.
+ *
+ *   da_max:   row max key (atomicMax), first bad element (atomicMax of ~packed)
+ *   da_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd)
+ *   da_floor: q_v = floor(2^24 w_v / S), r_v = 2^24 w_v - q_v S; sum of q_v;
+ *             histogram of the digit d_v = r_v >> dlo (DA_NB bins); the last
+ *             block of the row (atomic counter after __threadfence) computes
+ *             remaining = 2^24 - sum q, the status, and the boundary bin
+ *             `bin` with need2 = how many of that bin are still to be taken
+ *   da_mark:  counts_v = q_v + [d_v > bin] (+[d_v == bin] when the whole bin
+ *             is taken); the elements of the bin are appended (atomic slot,
+ *             warp-aggregated) as (r_v - bin 2^dlo, v) to a per-row candidate
+ *             buffer; the last block takes the need2 best by (r desc, id asc)
+ *             and adds their +1, writes the status, zeroes the state.
+ *
+ * Exactness of the selection (standard policy: +1 for the `remaining`
+ * largest r_v, ties to the lowest id, as dy_alloc_weights):
+ *  - bl = bitlen(S - 1), dlo = max(bl - 11, 0): every r_v < S <= 2^bl, so
+ *    d_v = r_v >> dlo < 2^11 = DA_NB, and d is monotone: r_a > r_b implies
+ *    d_a >= d_b.  Hence d_v > bin implies r_v > every r of the bin, and d_v <
+ *    bin implies r_v < every r of the bin.
+ *  - bin is the largest b with #{d >= b} >= need; need2 = need - #{d > bin}
+ *    satisfies 1 <= need2 <= #{d == bin}.  The selected set (the `need`
+ *    largest by (r desc, id asc)) therefore is {d > bin} plus the need2 best
+ *    of the bin by (r desc, id asc), whatever the order of the appends.
+ *  - need = remaining < V always (remaining = sum r_v / S with r_v < S), so
+ *    the bin exists; it is found from the exact integer histogram.
+ *  - Inside the bin (C = #{d == bin} candidates, known before da_mark):
+ *    C <= DA_RANK: rank counting (rank = #{better by (r desc, id asc)});
+ *    C <= DA_CAP:  radix select on r (block_select), then the need_eq lowest
+ *                  ids among the r == tau ones (block_select on ~id: distinct);
+ *    C >  DA_CAP:  fallback, decided on the device: the last block alone runs
+ *                  block_select over the whole row with key (d == bin ?
+ *                  r - bin 2^dlo + 1 : 0) recomputed from x, index = id, so its
+ *                  ties-to-lowest-index rule is the ties-to-lowest-id rule.
+ *                  Slow (one block per row) but exact; reached only when one
+ *                  bin of 2048 holds > 2048 elements (e.g. many equal weights).
+ *
+ * Division: q = floor(m / S), m = 2^24 w < 2^63.  For S < 2^62, inv =
+ * floor((2^64 - 1) / S) and qq = mulhi(m, inv).  inv >= (2^64 - S) / S gives
+ * m inv / 2^64 >= m / S - m / 2^64 > m / S - 1, and inv <= (2^64 - 1) / S
+ * gives m inv / 2^64 < m / S, so q - 1 <= qq <= q; r = m - qq S < 2S < 2^63
+ * is computed without wrap and corrected (twice, the second never fires).
+ * For S >= 2^62 the hardware division is used (row-uniform branch).
+ * ======================================================================== */
+#define DA_NB 2048
+#define DA_NBITS 11
+#define DA_CAP 2048
+#define DA_RANK 256
+#define DA_RS (16 + DA_NB / 2)
+enum { DA_MK = 0, DA_BAD, DA_ARG, DA_S, DA_SB, DA_C1, DA_C2, DA_SLOT, DA_KIND, DA_REM, DA_BIN,
+       DA_NEED, DA_CNT, DA_CODE };
+/* kinds (set by da_floor's last block; 0: the row was not run there) */
+enum { DA_K_ERR = 1, DA_K_FLOOR, DA_K_ALL, DA_K_CAND, DA_K_FALL };
+
+template <int N> struct DaN { static constexpr int n = N; };
+
+/* f(v0, xs, DaN<n>, ok) for groups of n consecutive elements of [lo, hi):
+ * vec (float32, V % 4 == 0, x 16-byte aligned): float4 loads, 16 elements per
+ * thread in flight; else 8 scalar loads in flight.  Every thread of the block
+ * makes the same number of calls (ok false past hi), so f may use warp
+ * collectives.  Per thread, v increases from call to call. */
+template <class F>
+DC_FN void da_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, F f) {
+  const int tid = threadIdx.x;
+  if (vec) {
+    const float4* x4 = (const float4*)((const float*)x + xoff);
+    for (int base = lo; base < hi; base += 256 * 16) {
+      float4 b[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + (u * 256 + tid) * 4;
+        b[u] = i < hi ? __ldg(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + (u * 256 + tid) * 4;
+        const float xs[4] = {b[u].x, b[u].y, b[u].z, b[u].w};
+        f(i, xs, DaN<4>(), i < hi);
+      }
+    }
+  } else {
+    for (int base = lo; base < hi; base += 256 * 8) {
+      float xf[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int v = base + q * 256 + tid;
+        xf[q] = v < hi ? load_f(x, xdt, xoff + v) : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) { const int v = base + q * 256 + tid; f(v, &xf[q], DaN<1>(), v < hi); }
+    }
+  }
+}
+
+DC_FN bool da_last(u64* st, int slot) {
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&st[slot], 1ull) == (u64)(gridDim.x - 1);
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) st[slot] = 0;
+  return true;
+}
+
+/* status code of the row after da_max (0 = fine) */
+DC_FN int da_code(const u64* st, int logits) {
+  const u64 nb = st[DA_BAD];
+  if (nb) return (int)((~nb) & 0xFF);
+  const u64 mk = st[DA_MK];
+  if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) return DY_ST_X_ZERO_MASS;
+  return 0;
+}
+
+struct DaRow { u64 mk, S, inv; int dlo, logits; };
+
+DC_FN DaRow da_row(const u64* st, int logits) {
+  DaRow R;
+  R.mk = st[DA_MK];
+  R.S = st[DA_S];
+  R.logits = logits;
+  const u64 s = R.S ? R.S : 1;  /* S == 0 cannot happen (the max has weight >= 2^15); fail closed */
+  R.inv = s < (1ull << 62) ? ~0ull / s : 0;
+  const int bl = dy_bitlen64(s - 1);
+  R.dlo = bl > DA_NBITS ? bl - DA_NBITS : 0;
+  return R;
+}
+
+/* q = floor(2^24 w / S), *rem = 2^24 w - q S (exact; see the top comment) */
+DC_FN u64 da_qr(const DaRow& R, u64 key, u64* rem) {
+  const u64 S = R.S ? R.S : 1;
+  const u64 m = (u64)DY_TOTAL * weight_of_key(key, R.mk, R.logits);
+  u64 q, r;
+  if (R.inv) {
+    q = __umul64hi(m, R.inv);
+    r = m - q * S;
+    if (r >= S) { r -= S; ++q; }
+    if (r >= S) { r -= S; ++q; }
+  } else {
+    q = m / S;
+    r = m - q * S;
+  }
+  *rem = r;
+  return q;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) da_max(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  u64* st = state + (i64)row * DA_RS;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 mk = 0, nb = 0;
+  da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+    constexpr int n = decltype(NN)::n;
+    if (!ok) return;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      int bad;
+      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
+      if (bad && nb == 0) nb = ~(((u64)(v0 + e) << 8) | (u64)bad);
+      mk = key > mk ? key : mk;
+    }
+  });
+  mk = block_reduce64(mk, 1, sh);
+  nb = block_reduce64(nb, 1, sh);
+  if (threadIdx.x == 0) { atomicMax(&st[DA_MK], mk); if (nb) atomicMax(&st[DA_BAD], nb); }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) da_sum(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y;
+  u64* st = state + (i64)row * DA_RS;
+  if (da_code(st, logits)) return;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  const u64 mk = st[DA_MK];
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 S = 0, na = 0;
+  da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+    constexpr int n = decltype(NN)::n;
+    if (!ok) return;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      int bad;
+      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
+      if (key == mk && na == 0) na = ~(u64)(v0 + e);
+      if (!greedy) S += weight_of_key(key, mk, logits);
+    }
+  });
+  na = block_reduce64(na, 1, sh);
+  S = block_reduce64(S, 0, sh);
+  if (threadIdx.x == 0) { if (na) atomicMax(&st[DA_ARG], na); if (!greedy) atomicAdd(&st[DA_S], S); }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state) {
+  __shared__ DcShared sh;
+  __shared__ u32 hs[DA_NB];
+  __shared__ int sbin, sneed, scnt;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DA_RS;
+  if (da_code(st, logits)) return;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  if (greedy) return;  /* row-uniform: no block of the row counts in */
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  const DaRow R = da_row(st, logits);
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  const bool hist = policy == 0;
+  for (int j = tid; j < DA_NB; j += 256) hs[j] = 0;
+  __syncthreads();
+  u64 sb = 0;
+  u32 lastd = 0xFFFFFFFFu, run = 0;  /* run-length: equal digits (zeros, equal weights) add once */
+  da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+    constexpr int n = decltype(NN)::n;
+    if (!ok) return;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      int bad; u64 r;
+      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
+      sb += da_qr(R, key, &r);
+      if (hist) {
+        const u32 d = (u32)(r >> R.dlo);
+        if (d == lastd) ++run;
+        else { if (run) atomicAdd(&hs[lastd], run); lastd = d; run = 1; }
+      }
+    }
+  });
+  if (run) atomicAdd(&hs[lastd], run);
+  sb = block_reduce64(sb, 0, sh);  /* its __syncthreads also orders the hs adds */
+  if (tid == 0) atomicAdd(&st[DA_SB], sb);
+  u32* gh = (u32*)(st + 16);
+  if (hist) for (int j = tid; j < DA_NB; j += 256) { const u32 h = hs[j]; if (h) atomicAdd(&gh[j], h); }
+  if (!da_last(st, DA_C1)) return;
+  /* ---- last block of the row ---- */
+  const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DA_SB]);
+  int kind, code = 0;
+  if (R.S == 0) { kind = DA_K_ERR; code = DY_ST_X_ZERO_MASS; }
+  else if (remaining < 0 || remaining >= (i64)DY_TOTAL) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
+  else if (remaining == 0 || !hist) kind = DA_K_FLOOR;
+  else kind = DA_K_CAND;
+  if (kind == DA_K_CAND) {
+    /* thread t owns bins [NB - 8 (t + 1), NB - 8 t), scanned from the top */
+    const int need = (int)remaining;
+    u32 c[8]; int s = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) { c[j] = __ldcg(&gh[DA_NB - 1 - 8 * tid - j]); s += (int)c[j]; }
+    if (tid == 0) sbin = -1;
+    int tot; const int exc = block_excl_scan(s, &tot, sh);
+    if (exc < need && need <= exc + s) {
+      int cum = exc;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (cum < need && need <= cum + (int)c[j]) { sbin = DA_NB - 1 - 8 * tid - j; sneed = need - cum; scnt = (int)c[j]; }
+        cum += (int)c[j];
+      }
+    }
+    __syncthreads();
+    if (sbin < 0) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }  /* unreachable: need < V */
+    else if (sneed == scnt) kind = DA_K_ALL;
+    else if (scnt > DA_CAP) kind = DA_K_FALL;
+  }
+  if (hist) for (int j = tid; j < DA_NB; j += 256) gh[j] = 0;
+  if (tid == 0) {
+    st[DA_KIND] = (u64)kind;
+    st[DA_CODE] = (u64)code;
+    st[DA_REM] = remaining > 0 ? (u64)remaining : 0;
+    if (kind >= DA_K_ALL) { st[DA_BIN] = (u64)sbin; st[DA_NEED] = (u64)sneed; st[DA_CNT] = (u64)scnt; }
+  }
+}
+
+/* the need best of n candidates (key kr = r - bin 2^dlo < 2^dlo, id) by (r desc, id asc): +1 */
+template <class GK, class GI>
+DC_FN void da_pick(GK kr, GI kid, int n, int need, int dlo, u32* crow, DcShared& sh) {
+  const int tid = threadIdx.x;
+  if (n <= DA_RANK) {
+    if (tid < n) {
+      const u64 k = kr(tid); const u32 id = kid(tid);
+      int rank = 0;
+      for (int j = 0; j < n; ++j) { const u64 kj = kr(j); rank += kj > k || (kj == k && kid(j) < id); }
+      if (rank < need) crow[id] = __ldcg(&crow[id]) + 1u;
+    }
+    return;
+  }
+  const int top1 = dlo > 8 ? ((dlo + 7) / 8) * 8 - 8 : 0;  /* keys < 2^dlo <= 2^(top1 + 8) */
+  const DcSel s1 = block_select(kr, n, need, sh, top1);
+  u64 gt = 0;
+  for (int i = tid; i < n; i += 256) gt += (kr(i) & s1.mask) > s1.prefix;
+  gt = block_reduce64(gt, 0, sh);
+  const int need_eq = need - (int)gt;  /* from {(k & mask) == prefix}: lowest ids */
+  auto k2 = [&](int i) -> u64 { return (kr(i) & s1.mask) == s1.prefix ? (u64)(u32)~kid(i) : 0ull; };
+  DcSel s2; s2.prefix = ~0ull; s2.mask = ~0ull; s2.cutoff = -1;
+  if (need_eq > 0) s2 = block_select(k2, n, need_eq, sh, 24);
+  for (int i = tid; i < n; i += 256) {
+    const u64 m = kr(i) & s1.mask;
+    if (m > s1.prefix || (m == s1.prefix && need_eq > 0 && sel_has(s2, k2(i), i))) {
+      const u32 id = kid(i);
+      crow[id] = __ldcg(&crow[id]) + 1u;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state,
+    u64* __restrict__ cand_r, u32* __restrict__ cand_i, u32* __restrict__ counts, int cvec,
+    int* status) {
+  __shared__ DcShared sh;
+  __shared__ u64 skr[DA_CAP];
+  __shared__ u32 skid[DA_CAP];
+  const int row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  u64* st = state + (i64)row * DA_RS;
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  u32* crow = counts + xoff;
+  u64* cr = cand_r + (i64)row * DA_CAP;
+  u32* ci = cand_i + (i64)row * DA_CAP;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  int code = da_code(st, logits);
+  const int kind = code ? 0 : (int)st[DA_KIND];
+  if (!code && kind == DA_K_ERR) code = (int)st[DA_CODE];
+  const int argmax = (int)~st[DA_ARG];
+  const DaRow R = da_row(st, logits);
+  const u32 bin = (u32)st[DA_BIN];
+  const u64 rbase = (u64)bin << R.dlo;
+  if (code || greedy) {  /* fail closed (zeros) or one-hot argmax: no reads of x */
+    const u32 one = code ? 0u : DY_TOTAL;
+    for (int v = lo + tid; v < hi; v += 256) crow[v] = v == argmax ? one : 0u;
+  } else {
+    /* FLOOR: q (+ remaining at the argmax, floor-first); ALL: q + [d >= bin];
+     * CAND / FALL: q + [d > bin], CAND appends the bin's elements */
+    const u32 thr = kind == DA_K_FLOOR ? 0xFFFFFFFFu : (kind == DA_K_ALL ? bin : bin + 1);
+    const u32 radd = kind == DA_K_FLOOR ? (u32)st[DA_REM] : 0u;
+    const bool cand = kind == DA_K_CAND;
+    da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      constexpr int n = decltype(NN)::n;
+      u32 c[n];
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        const int v = v0 + e;
+        int bad; u64 r;
+        const u64 key = rank_key(xs[e], bias, bdt, boff + v, T, logits, &bad);
+        const u64 q = da_qr(R, key, &r);
+        const u32 d = (u32)(r >> R.dlo);
+        c[e] = (u32)q + (d >= thr ? 1u : 0u) + (v == argmax ? radd : 0u);
+        if (cand) {  /* warp-uniform */
+          const bool is = ok && d == bin;
+          const unsigned bal = __ballot_sync(0xffffffffu, is);
+          if (bal) {
+            const int leader = __ffs(bal) - 1;
+            u32 base = 0;
+            if (lane == leader) base = (u32)atomicAdd(&st[DA_SLOT], (u64)__popc(bal));
+            base = __shfl_sync(0xffffffffu, base, leader);
+            if (is) {
+              const u32 p = base + (u32)__popc(bal & ((1u << lane) - 1u));
+              if (p < DA_CAP) { cr[p] = r - rbase; ci[p] = (u32)v; }
+            }
+          }
+        }
+      }
+      if (ok) {
+        if (n == 4 && cvec) *(uint4*)&crow[v0] = make_uint4(c[0], c[n > 1 ? 1 : 0], c[n > 2 ? 2 : 0], c[n > 3 ? 3 : 0]);
+        else {
+#pragma unroll
+          for (int e = 0; e < n; ++e) crow[v0 + e] = c[e];
+        }
+      }
+    });
+  }
+  if (!da_last(st, DA_C2)) return;
+  /* ---- last block of the row: the bin's +1, status, state reset ---- */
+  if (tid == 0) status[row] = code;
+  if (!code && !greedy && kind == DA_K_CAND) {
+    const int C = (int)min(__ldcg(&st[DA_SLOT]), (u64)DA_CAP);
+    for (int i = tid; i < C; i += 256) { skr[i] = __ldcg(&cr[i]); skid[i] = __ldcg(&ci[i]); }
+    __syncthreads();
+    da_pick([&](int i) { return skr[i]; }, [&](int i) { return skid[i]; }, C, (int)st[DA_NEED],
+            R.dlo, crow, sh);
+  } else if (!code && !greedy && kind == DA_K_FALL) {
+    /* one block over the row; key recomputed from x; index order = id order */
+    auto kf = [&](int i) -> u64 {
+      int bad; u64 r;
+      const u64 key = rank_key(load_f(x, xdt, xoff + i), bias, bdt, boff + i, T, logits, &bad);
+      da_qr(R, key, &r);
+      return (u32)(r >> R.dlo) == bin ? r - rbase + 1 : 0ull;
+    };
+    const DcSel s = block_select(kf, V, (int)st[DA_NEED], sh, (R.dlo / 8) * 8);
+    for (int i = tid; i < V; i += 256) {
+      const u64 k = kf(i);
+      if (k && sel_has(s, k, i)) crow[i] = __ldcg(&crow[i]) + 1u;
+    }
+  }
+  __syncthreads();
+  if (tid < 16) st[tid] = 0;
+}
