@@ -202,6 +202,66 @@ def test_lazy_model_equals_reference():
     assert min(kinds.values()) > 20, kinds
 
 
+_HARNESS = r"""
+#include <stdio.h>
+#include <stdint.h>
+#include "dyadic_core.h"
+typedef unsigned long long u64;
+typedef unsigned int u32;
+#define DC_FN static inline
+struct DcKey { u64 seed; u32 gen, rnd, pos; };
+#define LZ_CLASSIFY_ONLY
+#include "verify_lazy.cuh"
+int main() {
+  unsigned long long P, seed; unsigned c, gen, rnd, pos;
+  while (scanf("%llu %u %llu %u %u %u", &P, &c, &seed, &gen, &rnd, &pos) == 6) {
+    DcKey k; k.seed = seed; k.gen = gen; k.rnd = rnd; k.pos = pos;
+    printf("%d\n", lz_classify(P, c, k, pos));
+  }
+  return 0;
+}
+"""
+
+
+def test_lz_classify_c_equals_model(tmp_path):
+    """lz_classify of verify_lazy.cuh, compiled for the host, == lazy_class."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    from dyadic.backends.cuda import cupy_backend as cb
+    src, exe = tmp_path / "lz.cpp", tmp_path / "lz"
+    src.write_text(_HARNESS)
+    subprocess.run([cxx, "-O1", "-std=c++17", "-I", cb._include_dir(), "-I", cb._HERE, str(src),
+                    "-o", str(exe)], check=True)
+    rng = np.random.default_rng(12)
+    cases = []
+    for it in range(3000):
+        keys = tuple(int(rng.integers(0, n)) for n in (2**63, 2**32, 2**32))
+        pos = int(rng.integers(0, 2**32))
+        count = int(rng.integers(1, 1 << 24)) if it % 3 else 1 << 24
+        if it % 7 == 0:
+            count = int(rng.integers(1, 2**32))
+        kind = it % 5
+        if kind == 0:
+            count = 1 << int(rng.integers(0, 25))
+            p_fixed = ONE * count >> 24
+        elif kind == 1:
+            p_fixed = min(ONE, (int(rng.integers(T_LO, T_HI, dtype=np.uint64)) * count) >> 24)
+        else:
+            p_fixed = min(ONE, int(rng.random() * 1.5 * count * 2.0**38))
+        cases.append((p_fixed, count, keys, pos))
+    inp = "".join(f"{p} {c} {k[0]} {k[1]} {k[2]} {pos}\n" for p, c, k, pos in cases)
+    out = subprocess.run([str(exe)], input=inp, capture_output=True, text=True,
+                         check=True).stdout.split()
+    names = {0: ACC, 1: REJ, 2: AMB}
+    assert len(out) == len(cases)
+    for (p, c, k, pos), o in zip(cases, out):
+        assert names[int(o)] == lazy_class(p, c, k, pos), (p, c, k, pos)
+
+
 # ------------------------------------------------------------------ GPU side
 @pytest.fixture(scope="module")
 def cuda():

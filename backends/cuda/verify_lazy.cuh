@@ -182,7 +182,10 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy(
   __shared__ LzShared s;
   const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1;
-  /* 1. classify the k tests (warp per test) */
+  /* 1. classify the k tests (warp per test); the key is loaded first (its
+   * latency overlaps the draft -> P(d), c(d) loads) */
+  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
+  if (lane == 0 && wid < k) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   for (int i = wid; i < k; i += 8) {
     const i64 qrow = (i64)b * k + i;
     const int d = draft[qrow];
@@ -208,7 +211,6 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy(
         if (!dy_target_bits_valid(bits)) code = DY_ST_TARGET_INVALID_VALUE;
         else if (c != 0) {
           P = dy_target_fixed(bits);
-          const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
           cl = lz_classify(P, c, key, key.pos + (u32)i);
           code = DY_ST_OK;
         }
@@ -284,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy(
     if (s.rst[jj]) { code = s.rst[jj]; break; }
     if (cl == LZ_AMB) {
       int ok = 0;
-      const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+      /* key: loaded by thread 0 in step 1 (k >= 1 here) */
       code = dy_accept(s.P[i], s.T[jj], s.c[i], key.seed, key.gen, key.rnd, key.pos + (u32)i, &ok);
       if (code) break;
       if (ok) { tok[i] = s.d[i]; continue; }
