@@ -1,5 +1,7 @@
 """The public primitives: validate, dispatch to a backend, raise for bad rows."""
 
+import sys
+
 import numpy as np
 
 from . import _arrays, _backend, _spec, _status, _validate
@@ -11,7 +13,27 @@ def _on_device(backend, x):
 
     ``check`` and ``out`` (all primitives) apply to that path: see its docstring.
     """
+    if type(x) is _TENSOR[0]:  # torch.Tensor (exact type): the eager hot path
+        return backend in _backend.GPU_BACKENDS and x.is_cuda
+    if _TENSOR[0] is _NoTensor and "torch" in sys.modules:
+        _TENSOR[0] = sys.modules["torch"].Tensor
     return backend in _backend.GPU_BACKENDS and _arrays.is_gpu_array(x)
+
+
+class _NoTensor:
+    pass
+
+
+_TENSOR = [_NoTensor]  # torch.Tensor once torch is imported (never imported here)
+_DEVICE = []  # [dyadic._device] once a GPU array was seen
+
+
+def _gpu():
+    """dyadic._device (imported on first use: it needs torch)."""
+    if not _DEVICE:
+        from . import _device as mod
+        _DEVICE.append(mod)
+    return _DEVICE[0]
 
 
 def _alloc_outputs(batch, v, width):
@@ -86,9 +108,8 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     [[8388608, 4194304, 4194304]]
     """
     if _on_device(backend, x):  # GPU path (dyadic/_device.py)
-        from . import _device
-        return _device.allocate(x, logits=logits, temperature=temperature, bias=bias,
-                                top_k=top_k, policy=policy, backend=backend, check=check, out=out)
+        return _gpu().allocate(x, logits=logits, temperature=temperature, bias=bias,
+                               top_k=top_k, policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(x)
@@ -134,8 +155,7 @@ def draw(q, keys, *, backend="cpu", check=True, out=None):
     if not isinstance(q, Dyadic):
         raise TypeError(f"q: expected a dyadic.Dyadic, got {type(q).__name__}")
     if _on_device(backend, q.counts):  # GPU path (dyadic/_device.py)
-        from . import _device
-        return _device.draw(q, keys, backend=backend, check=check, out=out)
+        return _gpu().draw(q, keys, backend=backend, check=check, out=out)
     be = _backend.get(backend)
     counts, ids = q._numpy()
     batch = int(np.prod(q.batch_shape, dtype=np.int64))
@@ -167,9 +187,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     (tokens int32 [B], q Dyadic [B])
     """
     if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
-        from . import _device
-        return _device.propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
-                               policy=policy, backend=backend, check=check, out=out)
+        return _gpu().propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
+                              policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(logits)
@@ -228,9 +247,8 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     if isinstance(check, str) and check != "lazy":
         raise ValueError(f"check: expected True, False or 'lazy', got {check!r}")
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
-        from . import _device
-        return _device.verify(target, draft, q, keys, greedy=greedy, backend=backend,
-                              check=check, out=out)
+        return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
+                             check=check, out=out)
     be = _backend.get(backend)
     kind = _arrays.kind_of(target)
     t, d, g, batch, k, v = _validate.verify_inputs(target, draft, q, greedy)

@@ -44,15 +44,29 @@ from ._types import Dyadic, Keys, Verdict
 
 GPU_BACKENDS = _backend.GPU_BACKENDS
 
+# Host-overhead notes (issue 4): the eager hot path (check=False, device keys, out=)
+# does only per-call work: dtype checks against cached dtype objects, no reshape of an
+# already [B, V] contiguous tensor, the raw stream handle from torch (no Stream object),
+# and CuPy's stream context only where CuPy's current stream is not already torch's.
+_TORCH = None
+_FLOATS = ()  # torch.float32 / float16 / bfloat16, once torch is imported
+_RAW_STREAM = None  # torch._C._cuda_getCurrentRawStream (or None: current_stream())
+_CB = None  # dyadic.backends.cuda.cupy_backend, once used
+
 
 def _torch():
-    import torch
-    return torch
+    global _TORCH, _FLOATS, _RAW_STREAM
+    if _TORCH is None:
+        import torch
+        _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+        _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _TORCH = torch
+    return _TORCH
 
 
 def _as_torch(a):
     """A torch CUDA view of a device array (zero-copy) and its original kind."""
-    torch = _torch()
+    torch = _TORCH or _torch()
     if isinstance(a, torch.Tensor):
         return a, "torch"
     return torch.as_tensor(a, device="cuda"), "cupy"
@@ -65,47 +79,95 @@ def _back(t, kind):
     return t
 
 
-class _Stream:
-    """Runs the backend on torch's current stream (CuPy's stream for the cuda backend).
+def _cupy_backend():
+    global _CB
+    if _CB is None:
+        from .backends.cuda import cupy_backend
+        _CB = cupy_backend
+    return _CB
 
-    The CuPy ExternalStream of each torch stream handle is cached, and the
-    CuPy device context is entered only when the tensor's device is not the
-    current one: the eager path costs a few microseconds, not an object
-    construction per call."""
+
+def _stream_handle(dev):
+    """The raw handle of torch's current stream on device index ``dev``."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(dev)
+    return _TORCH.cuda.current_stream(dev).cuda_stream
+
+
+def _enter(backend, device):
+    """Run the backend on torch's current stream of ``device``: for the cuda backend,
+    CuPy's device and current stream are made torch's.  The CuPy device context is
+    entered only when the tensor's device is not the current one, and the (cached)
+    CuPy ExternalStream only when CuPy's current stream is not already that stream
+    (the default stream of both, in plain eager use).  Returns what ``_leave`` undoes."""
+    if backend != "cuda":
+        return None
+    cb = _CB or _cupy_backend()
+    torch = _TORCH or _torch()
+    dev = device.index
+    if dev is None:
+        dev = torch.cuda.current_device()
+    dctx = None
+    if dev != cb._device_id():
+        import cupy
+        dctx = cupy.cuda.Device(dev)
+        dctx.__enter__()
+    try:
+        handle = _stream_handle(dev)
+        sctx = None
+        if handle != cb._current_stream_ptr():
+            sctx = cb.external_stream(handle)
+            sctx.__enter__()
+    except BaseException:
+        if dctx is not None:
+            dctx.__exit__(None, None, None)
+        raise
+    if dctx is None and sctx is None:
+        return None
+    return sctx, dctx
+
+
+def _leave(token):
+    sctx, dctx = token
+    if sctx is not None:
+        sctx.__exit__(None, None, None)
+    if dctx is not None:
+        dctx.__exit__(None, None, None)
+
+
+class _Stream:
+    """``with _Stream(backend, device):`` the same as _enter / _leave."""
 
     def __init__(self, backend, device):
         self.backend, self.device = backend, device
-        self.ctx = None
-        self.dctx = None
+        self.token = None
 
     def __enter__(self):
-        if self.backend == "cuda":
-            torch = _torch()
-            from .backends.cuda import cupy_backend
-            dev = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            if dev != cupy_backend._device_id():
-                import cupy
-                self.dctx = cupy.cuda.Device(dev)
-                self.dctx.__enter__()
-            self.ctx = cupy_backend.external_stream(torch.cuda.current_stream(self.device).cuda_stream)
-            self.ctx.__enter__()
+        self.token = _enter(self.backend, self.device)
         return self
 
     def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
-        if self.dctx is not None:
-            self.dctx.__exit__(*exc)
+        if self.token is not None:
+            _leave(self.token)
+            self.token = None
 
 
 def _float_dtype(t, name):
-    if _arrays.dtype_name(t) not in ("float32", "float16", "bfloat16"):
+    if not _FLOATS:
+        _torch()
+    if t.dtype not in _FLOATS:
         raise _arrays.unsupported_float(name, t)
 
 
 def _temperature(temperature, batch, device, allow_zero, check):
-    torch = _torch()
-    if isinstance(temperature, torch.Tensor) and temperature.device.type == "cuda":
+    torch = _TORCH or _torch()
+    if type(temperature) is float or type(temperature) is int:
+        # a validated Python scalar seen before: the cached device copy (no validation,
+        # no copy: the eager hot path, and graph capture works)
+        t = _TEMP_CACHE.get((device, batch, float(temperature), allow_zero))
+        if t is not None:
+            return t
+    elif isinstance(temperature, torch.Tensor) and temperature.device.type == "cuda":
         t = temperature.to(torch.float64).reshape(-1)
         if t.shape[0] not in (1, batch):
             raise ValueError(f"temperature: expected a scalar or shape ({batch},), got "
@@ -113,12 +175,6 @@ def _temperature(temperature, batch, device, allow_zero, check):
         if check:
             _validate.temperature(t.cpu().numpy(), batch, allow_zero=allow_zero)
         return t.expand(batch).contiguous()
-    if type(temperature) is float or type(temperature) is int:
-        # a validated Python scalar seen before: the cached device copy (no validation,
-        # no copy: the eager hot path, and graph capture works)
-        t = _TEMP_CACHE.get((device, batch, float(temperature), allow_zero))
-        if t is not None:
-            return t
     host = _validate.temperature(temperature, batch, allow_zero=allow_zero)
     if np.ndim(temperature) == 0:  # cached per value: no copy, so graph capture works
         key = (device, batch, float(host[0]) if batch else 0.0, allow_zero)
@@ -136,20 +192,30 @@ _ZEROS_U8 = {}
 
 def _keys(keys, batch, device, check, extra=0):
     """Key fields as device arrays (int64 seed / int32 others, or as given)."""
-    torch = _torch()
+    torch = _TORCH or _torch()
     if not isinstance(keys, Keys):
         raise TypeError(f"keys: expected dyadic.Keys, got {type(keys).__name__}")
     fields = (keys.seed, keys.generation, keys.round, keys.position)
-    _key_dtypes()
+    kd = _KEY_DTYPES or _key_dtypes()
+    if not check:
+        # hot path: 1-D contiguous integer CUDA tensors of length B or 1 pass as they are
+        tt, ks = torch.Tensor, _KEY_DTYPE_SET
+        for f in fields:
+            if (type(f) is not tt or not f.is_cuda or f.dim() != 1
+                    or f.numel() not in (1, batch) or not f.is_contiguous()
+                    or f.dtype not in ks):
+                break
+        else:
+            return fields
     on_dev = [isinstance(f, torch.Tensor) and f.device.type == "cuda" for f in fields]
     if not any(on_dev):
         host = keys.broadcast(batch, position_extra=extra)
         return tuple(host)  # NumPy: the backend uploads them in one copy
     if not check and all(on_dev):
-        # hot path: 1-D contiguous integer device fields of length B or 1 pass as they are
+        # 1-D contiguous integer device fields of length B or 1 pass as they are
         for f in fields:
             if (f.dim() != 1 or f.shape[0] not in (1, batch) or not f.is_contiguous()
-                    or f.dtype not in _KEY_DTYPES):
+                    or f.dtype not in kd):
                 break
         else:
             return fields
@@ -175,42 +241,50 @@ def _keys(keys, batch, device, check, extra=0):
 
 
 _KEY_DTYPES = ()
+_KEY_DTYPE_SET = frozenset()
 
 
 def _key_dtypes():
-    global _KEY_DTYPES
+    global _KEY_DTYPES, _KEY_DTYPE_SET
     if not _KEY_DTYPES:
         torch = _torch()
         _KEY_DTYPES = (torch.int64, torch.int32, torch.uint32, torch.uint64)
+        _KEY_DTYPE_SET = frozenset(_KEY_DTYPES)
     return _KEY_DTYPES
 
 
 def _get_out(out, name, shape, dtype, device):
-    torch = _torch()
-    if out is not None and out.get(name) is not None:
-        t = out[name]
-        if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-            raise ValueError(f"out[{name!r}]: expected {dtype} {tuple(shape)}, got "
-                             f"{t.dtype} {tuple(t.shape)}")
-        return t
-    return torch.empty(shape, dtype=dtype, device=device)
+    if out is not None:
+        t = out.get(name)
+        if t is not None:
+            if (t.shape != shape and tuple(t.shape) != shape) or t.dtype != dtype:
+                raise ValueError(f"out[{name!r}]: expected {dtype} {tuple(shape)}, got "
+                                 f"{t.dtype} {tuple(t.shape)}")
+            return t
+    return (_TORCH or _torch()).empty(shape, dtype=dtype, device=device)
 
 
 def _x_bias(x, bias, name, be):
     """x as a [B, V] torch view and bias as [1 or B, V]; float16/bfloat16 are
     widened to float32 (exact) for backends that read float32 only (numba)."""
-    x, kind = _as_torch(x)
+    torch = _TORCH or _torch()
+    if type(x) is not torch.Tensor:
+        x, kind = _as_torch(x)
+    else:
+        kind = "torch"
     _float_dtype(x, name)
-    if x.dtype != _torch().float32 and not getattr(be, "reads_half_precision", False):
+    if x.dtype != torch.float32 and not getattr(be, "reads_half_precision", False):
         x = x.float()
-    if x.dim() < 1:
+    nd = x.dim()
+    if nd < 1:
         raise ValueError(f"{name}: expected shape [..., V], got a scalar")
-    batch_shape, v = tuple(x.shape[:-1]), int(x.shape[-1])
+    shape = x.shape
+    batch_shape, v = tuple(shape[:-1]), int(shape[-1])
     _validate.vocab(v, name)
-    x2 = x.reshape(-1, v).contiguous()
+    # a contiguous [B, V] tensor is its own reshape(-1, V).contiguous() (same data, shape)
+    x2 = x if nd == 2 and x.is_contiguous() else x.reshape(-1, v).contiguous()
     b2 = None
     if bias is not None:
-        torch = _torch()
         if not isinstance(bias, torch.Tensor):
             bias = torch.as_tensor(np.asarray(bias))
         bias = bias.to(x.device)
@@ -236,26 +310,32 @@ def _finish(status, check, label=None):
 
 
 def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True, out=None):
-    torch = _torch()
+    torch = _TORCH or _torch()
     code = _validate.policy(policy)
     be = _backend.get(backend)
     x2, b2, batch_shape, v, kind = _x_bias(x, bias, "x", be)
     batch = x2.shape[0]
+    dev = x2.device
     if logits:
-        temp = _temperature(temperature, batch, x2.device, False, check)
+        temp = _temperature(temperature, batch, dev, False, check)
     else:
         if bias is not None or not (np.ndim(temperature) == 0 and temperature == 1.0):
             raise ValueError("temperature/bias: apply only to logits (logits=True); "
                              "weights are used as given")
-        temp = torch.ones(batch, dtype=torch.float64, device=x2.device)
+        temp = torch.ones(batch, dtype=torch.float64, device=dev)
     width = _validate.top_k(top_k, v)
-    counts = _get_out(out, "counts", (batch, width or v), torch.uint32, x2.device)
-    ids = _get_out(out, "ids", (batch, width), torch.int32, x2.device) if width else None
-    status = _get_out(out, "status", (batch,), torch.int32, x2.device)
+    counts = _get_out(out, "counts", (batch, width or v), torch.uint32, dev)
+    ids = _get_out(out, "ids", (batch, width), torch.int32, dev) if width else None
+    status = _get_out(out, "status", (batch,), torch.int32, dev)
     if batch:
-        with _Stream(backend, x2.device):
+        tok = _enter(backend, dev)
+        try:
             be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
-    _finish(status, check, _row_label(batch_shape))
+        finally:
+            if tok is not None:
+                _leave(tok)
+    if check:
+        _finish(status, check, _row_label(batch_shape))
     shape = batch_shape + (counts.shape[-1],)
     return Dyadic(_back(counts.reshape(shape), kind),
                   None if ids is None else _back(ids.reshape(shape), kind),
@@ -263,13 +343,13 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
 
 
 def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=True, out=None):
-    torch = _torch()
+    torch = _TORCH or _torch()
     code = _validate.policy(policy)
     be = _backend.get(backend)
     x2, b2, batch_shape, v, kind = _x_bias(logits, bias, "logits", be)
     if len(batch_shape) != 1:
         raise ValueError(f"logits: expected shape [B, V], got {batch_shape + (v,)}")
-    batch = x2.shape[0]
+    batch = batch_shape[0]
     dev = x2.device
     temp = _temperature(temperature, batch, dev, True, check)
     width = _validate.top_k(top_k, v)
@@ -279,16 +359,24 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
     ids = _get_out(out, "ids", (batch, width), torch.int32, dev) if width else None
     status = _get_out(out, "status", (batch,), torch.int32, dev)
     if batch:
-        with _Stream(backend, dev):
+        tok = _enter(backend, dev)
+        try:
             be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
-    _finish(status, check)
+        finally:
+            if tok is not None:
+                _leave(tok)
+    if check:
+        _finish(status, check)
+    if kind == "torch":
+        q = Dyadic(counts, ids, vocab_size=v, policy=policy, _trusted=True)
+        return tokens, q
     q = Dyadic(_back(counts, kind), None if ids is None else _back(ids, kind), vocab_size=v,
                policy=policy, _trusted=True)
     return _back(tokens, kind), q
 
 
 def draw(q, keys, *, backend, check=True, out=None):
-    torch = _torch()
+    torch = _TORCH or _torch()
     be = _backend.get(backend)
     counts, _ = _as_torch(q.counts)
     ids = None if q.ids is None else _as_torch(q.ids)[0]
@@ -304,43 +392,66 @@ def draw(q, keys, *, backend, check=True, out=None):
     return _back(tokens.reshape(q.batch_shape), kind)
 
 
+def _on(t, dev_index, torch):
+    """t is a contiguous torch tensor on CUDA device ``dev_index`` (as_tensor / to /
+    contiguous would return it unchanged)."""
+    return (type(t) is torch.Tensor and t.is_cuda and t.get_device() == dev_index
+            and t.is_contiguous())
+
+
 def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
-    torch = _torch()
+    torch = _TORCH or _torch()
     lazy = isinstance(check, str)
     if lazy and check != "lazy":
         raise ValueError(f"check: expected True, False or 'lazy', got {check!r}")
     if lazy:
         check = False
     be = _backend.get(backend)
-    t, kind = _as_torch(target)
+    if type(target) is torch.Tensor:
+        t, kind = target, "torch"
+    else:
+        t, kind = _as_torch(target)
     if t.dtype != torch.float32:
         raise TypeError(f"target: dtype {_arrays.dtype_name(t)}; expected float32 probabilities")
     if t.dim() != 3:
         raise ValueError(f"target: expected shape [B, k+1, V], got {tuple(t.shape)}")
-    b, k1, v = (int(s) for s in t.shape)
+    b, k1, v = t.shape
     _validate.vocab(v, "target")
     if k1 < 1:
         raise ValueError("target: needs k+1 >= 1 rows per request")
     dev = t.device
-    t = t.contiguous()
-    d, _ = _as_torch(draft) if not isinstance(draft, np.ndarray) else (torch.as_tensor(draft), "")
-    d = d.to(dev)
-    if d.is_floating_point():
-        raise TypeError(f"draft: dtype {_arrays.dtype_name(d)} is not an integer dtype")
-    if tuple(d.shape) != (b, k1 - 1):
-        raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
-                         f"match target")
-    if check and d.numel():
-        dn = d.cpu().numpy()
-        bad = np.flatnonzero(((dn < 0) | (dn >= v)).any(axis=1))
-        if bad.size:
-            raise ValueError(f"draft: row {int(bad[0])}: token ids must be in [0, {v})")
-    d = d.to(torch.int32).contiguous()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    didx = t.get_device()
+    if _on(draft, didx, torch) and draft.dtype == torch.int32:
+        d = draft  # d.to(dev), d.to(int32).contiguous() below would return it unchanged
+        if tuple(d.shape) != (b, k1 - 1):
+            raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
+                             f"match target")
+        if check and d.numel():
+            _check_draft(d, v)
+    else:
+        d, _ = _as_torch(draft) if not isinstance(draft, np.ndarray) else (torch.as_tensor(draft), "")
+        d = d.to(dev)
+        if d.is_floating_point():
+            raise TypeError(f"draft: dtype {_arrays.dtype_name(d)} is not an integer dtype")
+        if tuple(d.shape) != (b, k1 - 1):
+            raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
+                             f"match target")
+        if check and d.numel():
+            _check_draft(d, v)
+        d = d.to(torch.int32).contiguous()
     qc = qi = None
-    _validate.verify_q(q, b, k1 - 1, v)
+    if q is not None and not (type(q) is Dyadic and q.vocab_size == v
+                              and q.batch_shape == (b, k1 - 1)):
+        _validate.verify_q(q, b, k1 - 1, v)  # raises the rule it breaks
     if q is not None:
-        qc = torch.as_tensor(q.counts, device=dev).contiguous()
-        qi = None if q.ids is None else torch.as_tensor(q.ids, device=dev).contiguous()
+        qc = q.counts
+        if not _on(qc, didx, torch):
+            qc = torch.as_tensor(qc, device=dev).contiguous()
+        qi = q.ids
+        if qi is not None and not _on(qi, didx, torch):
+            qi = torch.as_tensor(qi, device=dev).contiguous()
     if greedy is None:  # cached zeros per (device, B): no allocation or memset per call
         g = _ZEROS_U8.get((dev, b))
         if g is None:
@@ -358,14 +469,28 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     tokens = _get_out(out, "tokens", (b, k1), torch.int32, dev)
     status = _get_out(out, "status", (b,), torch.int32, dev)
     if b:
-        with _Stream(backend, dev):
+        tok = _enter(backend, dev)
+        try:
             if lazy and greedy is None and hasattr(be, "verify_lazy"):
                 be.verify_lazy(t, d, qc, qi, *keys_b, accepted, tokens, status)
             else:
                 be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
-    _finish(status, check)
+        finally:
+            if tok is not None:
+                _leave(tok)
+    if check:
+        _finish(status, check)
+    if kind == "torch":
+        return Verdict(accepted, tokens, None if check else status)
     return Verdict(_back(accepted, kind), _back(tokens, kind),
                    None if check else _back(status, kind))
+
+
+def _check_draft(d, v):
+    dn = d.cpu().numpy()
+    bad = np.flatnonzero(((dn < 0) | (dn >= v)).any(axis=1))
+    if bad.size:
+        raise ValueError(f"draft: row {int(bad[0])}: token ids must be in [0, {v})")
 
 
 __all__ = ["allocate", "draw", "propose", "verify", "GPU_BACKENDS"]

@@ -86,9 +86,14 @@ _STAGE_ONLY = 0  # benchmark only: 1 / 2 launches just that verify stage (result
 _PLANS = {}  # (kind, device, shape...) -> launch plan (tiles, scratch, kernels)
 
 
+_CUPY = []  # [cupy] once imported (a function-level import costs ~0.5 us per call)
+
+
 def _cupy():
-    import cupy
-    return cupy
+    if not _CUPY:
+        import cupy
+        _CUPY.append(cupy)
+    return _CUPY[0]
 
 
 def _include_dir():
@@ -123,88 +128,51 @@ def module(dev=None):
     return mod
 
 
-# Launch path.  CuPy's Function.__call__ converts every argument (~35 per
-# launch here) to a CPointer; the packed path writes the arguments (8-byte
-# pointers, 4-byte ints, in C parameter layout: struct '@' alignment) into one
-# buffer and calls cuLaunchKernel with CU_LAUNCH_PARAM_BUFFER_POINTER.  Every
-# kernel's parameter list ends with a pointer, so the buffer has no tail
-# padding.  OPT-IN (DYADIC_CUDA_LAUNCH=packed): on the H200 image (cupy 14.2)
-# its one-time check against CuPy's path failed ("TypeError: an integer is
-# required" from driver.launchKernel), so CuPy's launch is the default; the
-# check also synchronises once, which must not happen inside a graph capture.
-_LAUNCH_MODE = os.environ.get("DYADIC_CUDA_LAUNCH", "cupy")
-_PACKED_OK = []  # [True/False] once checked
-_PACKED_WHY = []
+# Launch path: backends/cuda/launch.py calls the driver's cuLaunchKernel through ctypes
+# with the CUfunction CuPy loaded and 8-byte argument slots reused per kernel (CuPy's
+# Function.__call__ built a CPointer object for each of the ~35 arguments of a launch).
+# The stream is CuPy's current stream (dyadic._device makes it the caller's torch stream).
+# DYADIC_CUDA_LAUNCH=cupy, or a libcuda that cannot be loaded: CuPy's launch.
+# ``_kernel(name)(grid, block, args)`` takes np.int32 / np.uint64 / cupy.ndarray args.
+try:
+    from . import launch as _launch
+except ImportError:  # loaded outside the package
+    import importlib.util as _ilu
+    _spec_l = _ilu.spec_from_file_location("dyadic_cuda_launch", os.path.join(_HERE, "launch.py"))
+    _launch = _ilu.module_from_spec(_spec_l)
+    _spec_l.loader.exec_module(_launch)
+
+_LAUNCH_READY = []
 
 
-def _arg_val(a):
-    if isinstance(a, np.int32):
-        return "i", int(a)
-    if isinstance(a, np.uint64):
-        return "Q", int(a)
-    if isinstance(a, _cupy().ndarray):
-        return "Q", a.data.ptr
-    raise TypeError(f"packed launch: unsupported argument {type(a).__name__}")
+_GET_STREAM = []  # [cupy.cuda.get_current_stream]
 
 
-class _Launcher:
-    __slots__ = ("fn", "ptr")
+def _current_stream_ptr():
+    """The raw handle of CuPy's current stream (the launch stream when none is given)."""
+    if not _GET_STREAM:
+        _GET_STREAM.append(_cupy().cuda.get_current_stream)
+    return _GET_STREAM[0]().ptr
 
-    def __init__(self, fn):
-        self.fn = fn
-        self.ptr = getattr(fn, "ptr", None)
 
-    def __call__(self, grid, block, args):
-        if self.ptr is not None and _packed_ok():
-            self.packed(grid, block, args)
-        else:
-            self.fn(grid, block, args)
+def _make_context_current():
+    rt = _cupy().cuda.runtime
+    rt.setDevice(rt.getDevice())  # CUDA 12: initialises and binds the primary context
 
-    def packed(self, grid, block, args, stream=None):
-        import ctypes
-        import struct
-        fmt, vals = ["@"], []
-        for a in args:
-            f, v = _arg_val(a)
-            fmt.append(f)
-            vals.append(v)
-        buf = ctypes.create_string_buffer(struct.pack("".join(fmt), *vals))
-        size = ctypes.c_size_t(ctypes.sizeof(buf) - 1)  # create_string_buffer adds a NUL
-        extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(size), 0)
-        g = tuple(grid) + (1,) * (3 - len(grid))
-        b = tuple(block) + (1,) * (3 - len(block))
+
+def _launch_setup():
+    if not _LAUNCH_READY:
         cp = _cupy()
-        st = stream if stream is not None else cp.cuda.get_current_stream().ptr
-        cp.cuda.driver.launchKernel(self.ptr, g[0], g[1], g[2], b[0], b[1], b[2], 0, st, 0,
-                                    ctypes.addressof(extra))
-
-
-def _packed_ok():
-    if not _PACKED_OK:
-        ok = False
-        if _LAUNCH_MODE == "packed":
-            try:
-                cp = _cupy()
-                n = 37
-                ctr = cp.arange(4 * n, dtype=cp.uint32) * 2654435761
-                key = cp.arange(2 * n, dtype=cp.uint32) * 40503 + 7
-                o1 = cp.zeros(4 * n, dtype=cp.uint32)
-                o2 = cp.zeros(4 * n, dtype=cp.uint32)
-                fn = module().get_function("dc_philox")
-                fn((1,), (64,), (ctr, key, np.int32(10), np.int32(n), o1))
-                _Launcher(fn).packed((1,), (64,), (ctr, key, np.int32(10), np.int32(n), o2))
-                cp.cuda.get_current_stream().synchronize()
-                ok = bool((o1 == o2).all()) and bool((o1 != 0).any())
-            except Exception as e:  # noqa: BLE001 - any failure: CuPy's launch path
-                ok = False
-                _PACKED_WHY.append(f"{type(e).__name__}: {e}"[:200])
-        _PACKED_OK.append(ok)
-    return _PACKED_OK[0]
+        _launch.configure(ndarray=cp.ndarray, current_stream=_current_stream_ptr,
+                          on_invalid_context=_make_context_current)
+        _launch.load()
+        _LAUNCH_READY.append(True)
 
 
 def launch_mode():
-    """'packed' or 'cupy': how kernels are launched in this process."""
-    return "packed" if _packed_ok() else "cupy " + "; ".join(_PACKED_WHY)
+    """How kernels are launched in this process: 'driver (...)' or 'cupy (why)'."""
+    _launch_setup()
+    return _launch.describe()
 
 
 def _kernel(name):
@@ -212,7 +180,8 @@ def _kernel(name):
     dev = _device_id()
     fn = _FUNCS.get((dev, name))
     if fn is None:
-        fn = _Launcher(module(dev).get_function(name))
+        _launch_setup()
+        fn = _launch.Kernel(module(dev).get_function(name), name)
         _FUNCS[(dev, name)] = fn
     return fn
 
@@ -261,29 +230,41 @@ def external_stream(handle):
 
 
 _TENSOR = []  # [torch.Tensor] once torch has been imported by someone
+_TT = type("_NoTensor", (), {})  # torch.Tensor once seen: exact-type checks on the hot path
 
 
 def _is_torch(a):
+    global _TT
     if not _TENSOR:
         torch = sys.modules.get("torch")
         if torch is None:
             return False
         _TENSOR.append(torch.Tensor)
+        _TT = torch.Tensor
     return isinstance(a, _TENSOR[0])
 
 
 _DT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+_DT_NAMES = {}  # torch dtype -> bare name
+_X_CODES = {}  # torch dtype -> np.int32 code (supported float dtypes only)
 
 
 def dtype_name(a):
-    if _is_torch(a):
-        return str(a.dtype).replace("torch.", "")
+    if type(a) is _TT or _is_torch(a):
+        dt = a.dtype
+        name = _DT_NAMES.get(dt)
+        if name is None:
+            name = str(dt).replace("torch.", "")
+            _DT_NAMES[dt] = name
+        return name
     if hasattr(a, "__cuda_array_interface__") and not hasattr(a, "dtype"):
         return np.dtype(a.__cuda_array_interface__["typestr"]).name
     return np.dtype(a.dtype).name
 
 
 def _ptr(a):
+    if type(a) is _TT:
+        return a.data_ptr()
     if a is None:
         return 0
     if _is_torch(a):
@@ -295,32 +276,41 @@ def _ptr(a):
 
 
 _NULL = np.uint64(0)
+_U64 = np.uint64
 
 
 class _Call:
-    """Moves NumPy arguments to the device and results back; device arrays pass through."""
+    """Moves NumPy arguments to the device and results back; device arrays pass through.
+
+    ``call(a)`` is the device pointer of ``a`` as a Python int (a kernel argument: 8
+    bytes in both launch paths; no NumPy scalar per argument), ``_NULL`` for None."""
+
+    __slots__ = ("back", "keep")
 
     def __init__(self):
         self.back = []
         self.keep = []
 
     def __call__(self, a, out=False):
+        if type(a) is _TT:  # the hot path: a pointer, nothing else
+            return a.data_ptr()
         if a is None:
             return _NULL
-        if _is_torch(a):  # the hot path: a pointer, nothing else
-            return np.uint64(a.data_ptr())
+        if _is_torch(a):
+            return a.data_ptr()
         if isinstance(a, np.ndarray):
             cp = _cupy()
             d = cp.asarray(a)
             self.keep.append(d)
             if out:
                 self.back.append((d, a))
-            return np.uint64(d.data.ptr)
-        return np.uint64(_ptr(a))
+            return d.data.ptr
+        return int(_ptr(a))
 
     def finish(self):
-        for d, a in self.back:
-            a[...] = d.get()
+        if self.back:
+            for d, a in self.back:
+                a[...] = d.get()
 
 
 def _len(a):
@@ -339,6 +329,25 @@ def _itemsize(a):
 
 def _keys(call, seed, generation, round_, position, batch):
     """Pointers and the format word of the four key arrays."""
+    tt = _TT
+    ptrs, fmt, j = [], 0, 0
+    for a in (seed, generation, round_, position):  # hot path: torch tensors (1-D)
+        if type(a) is not tt:
+            break
+        size = a.element_size()
+        if size == 8:
+            f = 1
+        elif size == 4:
+            f = 0
+        else:
+            break
+        if batch != 1 and a.numel() == 1:
+            f |= 2
+        fmt |= f << j
+        ptrs.append(a.data_ptr())
+        j += 2
+    else:
+        return ptrs, fmt
     host = [isinstance(a, np.ndarray) for a in (seed, generation, round_, position)]
     if all(host):
         packed = np.empty((4, batch), dtype=np.uint64)
@@ -366,9 +375,15 @@ def _keys(call, seed, generation, round_, position, batch):
 
 
 def _x_code(x):
+    if type(x) is _TT:
+        code = _X_CODES.get(x.dtype)
+        if code is not None:
+            return code
     name = dtype_name(x)
     if name not in _DT_CODES:
         raise TypeError(f"x: dtype {name} not supported; expected float32, float16 or bfloat16")
+    if type(x) is _TT:
+        _X_CODES[x.dtype] = np.int32(_DT_CODES[name])
     return np.int32(_DT_CODES[name])
 
 

@@ -1,0 +1,265 @@
+"""Kernel launches straight through the CUDA driver: ``cuLaunchKernel`` via ctypes.
+
+CuPy's ``Function.__call__`` converts every argument to a CPointer object
+(~35-40 per launch here), which dominated the eager host time.  ``Kernel``
+calls ``cuLaunchKernel(f, grid, block, 0, stream, kernelParams, NULL)``
+directly:
+
+- ``f`` is the CUfunction handle CuPy already loaded (``Function.ptr``);
+- ``stream`` is a raw stream handle: the one passed in, else CuPy's current
+  stream (``dyadic._device`` makes that the caller's torch stream);
+- ``kernelParams`` points at one 8-byte slot per argument: ``np.int32`` and
+  other integers are written sign-extended (the driver reads the parameter's
+  size from the kernel image: 4 bytes of a little-endian slot are the int32),
+  pointers (``np.uint64``, ``cupy.ndarray`` -> ``.data.ptr``) as 64-bit words.
+  Floats are written as their bit patterns (float -> float64, like CuPy).
+
+The slots are preallocated per kernel and reused: the driver copies the
+parameters before ``cuLaunchKernel`` returns.  A free list makes concurrent
+use from several threads safe (a second slot is made when one is busy).
+No allocation on the device, no synchronisation: launches can be captured in
+a CUDA graph.  A non-zero CUresult raises RuntimeError with the error's name.
+
+``MODE = "cupy"`` (environment ``DYADIC_CUDA_LAUNCH=cupy``) launches through
+CuPy instead; so does every launch when ``libcuda.so.1`` cannot be loaded.
+``MODE`` is read at every launch, so a process can compare both paths.
+"""
+
+import ctypes
+import os
+import struct
+import sys
+
+#: "driver" (cuLaunchKernel via ctypes, the default) or "cupy" (CuPy's launch).
+MODE = "cupy" if os.environ.get("DYADIC_CUDA_LAUNCH", "").strip().lower() == "cupy" else "driver"
+
+_MASK64 = (1 << 64) - 1
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+_STATE = {"lib": None, "why": None, "loaded": False}
+_ND = type("_NoNdarray", (), {})  # cupy.ndarray once configure() ran
+def _cupy_current_stream():
+    import cupy
+    return cupy.cuda.get_current_stream().ptr
+
+
+_CURRENT_STREAM = _cupy_current_stream  # () -> raw handle of the current stream (configure())
+_ON_INVALID_CONTEXT = None  # () -> None: make the device's primary context current
+_SIGNED = {}  # n -> struct.Struct("=nq")
+_UNSIGNED = {}  # n -> struct.Struct("=nQ")
+_STREAM_ARGS = {}  # raw handle -> ctypes.c_void_p (bounded)
+
+
+class _Driver:
+    """The two driver entry points we use, from a loaded libcuda (or a test stub)."""
+
+    def __init__(self, lib):
+        self.launch = lib.cuLaunchKernel
+        self.error_name_fn = getattr(lib, "cuGetErrorName", None)
+        try:  # ctypes functions: C int result; arguments are converted per call (no argtypes:
+            self.launch.restype = ctypes.c_int  # pointers go as c_void_p, dims as C ints)
+        except AttributeError:
+            pass
+
+    def error_name(self, rc):
+        fn = self.error_name_fn
+        if fn is None:
+            return f"CUresult {rc}"
+        try:
+            s = ctypes.c_char_p()
+            if fn(int(rc), ctypes.byref(s)) == 0 and s.value:
+                return s.value.decode()
+        except Exception:  # noqa: BLE001 - the name is only for the message
+            pass
+        return f"CUresult {rc}"
+
+
+def load(libname="libcuda.so.1"):
+    """Load the driver once; returns the _Driver or None (then CuPy launches)."""
+    if not _STATE["loaded"]:
+        _STATE["loaded"] = True
+        if sys.byteorder != "little":
+            _STATE["why"] = "big-endian host (the 8-byte argument slots assume little-endian)"
+        else:
+            try:
+                _STATE["lib"] = _Driver(ctypes.CDLL(libname))
+            except (OSError, AttributeError) as e:
+                _STATE["why"] = f"{libname} not loadable: {e}"[:200]
+    return _STATE["lib"]
+
+
+def set_driver(lib):
+    """Use ``lib`` (an object with cuLaunchKernel / cuGetErrorName, e.g. a test stub)
+    as the driver; None: no driver (CuPy launches)."""
+    _STATE["loaded"] = True
+    _STATE["lib"] = None if lib is None else _Driver(lib)
+    _STATE["why"] = None if lib is not None else "no driver set"
+
+
+def configure(ndarray=None, current_stream=None, on_invalid_context=None):
+    """Tell the launcher CuPy's ndarray type, how to read the current stream handle and
+    how to make the current device's context current (called by cupy_backend)."""
+    global _ND, _CURRENT_STREAM, _ON_INVALID_CONTEXT
+    if ndarray is not None:
+        _ND = ndarray
+    if current_stream is not None:
+        _CURRENT_STREAM = current_stream
+    if on_invalid_context is not None:
+        _ON_INVALID_CONTEXT = on_invalid_context
+
+
+def active():
+    """True when launches go through cuLaunchKernel (MODE "driver" and a driver)."""
+    return MODE != "cupy" and load() is not None
+
+
+def describe():
+    if MODE == "cupy":
+        return "cupy (DYADIC_CUDA_LAUNCH=cupy)"
+    if load() is None:
+        return "cupy (" + str(_STATE["why"]) + ")"
+    extra = _STATE.get("nohandle")
+    return "driver (cuLaunchKernel via ctypes)" + (f"; {extra}" if extra else "")
+
+
+def _struct(table, code, n):
+    s = table.get(n)
+    if s is None:
+        s = struct.Struct("=%d%s" % (n, code))
+        table[n] = s
+    return s
+
+
+def _stream_arg(handle):
+    h = _STREAM_ARGS.get(handle)
+    if h is None:
+        if len(_STREAM_ARGS) > 256:
+            _STREAM_ARGS.clear()
+        h = ctypes.c_void_p(int(handle) or None)
+        _STREAM_ARGS[handle] = h
+    return h
+
+
+def slot_value(a, kernel="kernel"):
+    """One argument as the unsigned 64-bit word written into its slot."""
+    import numpy as np
+
+    if a is None:
+        return 0
+    if isinstance(a, _ND):
+        return int(a.data.ptr)
+    if isinstance(a, (bool, np.bool_)):
+        return int(bool(a))
+    if isinstance(a, (int, np.integer)):
+        return int(a) & _MASK64
+    if isinstance(a, (float, np.float64)):
+        return struct.unpack("=Q", struct.pack("=d", float(a)))[0]
+    if isinstance(a, np.float32):
+        return int(np.asarray(a).view(np.uint32))
+    if isinstance(a, np.float16):
+        return int(np.asarray(a).view(np.uint16))
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    if hasattr(a, "data_ptr"):  # torch tensors
+        return int(a.data_ptr())
+    raise TypeError(f"{kernel}: unsupported kernel argument of type {type(a).__name__}")
+
+
+def fill(buf, args, kernel="kernel"):
+    """Write ``args`` into the 8-byte slots of ``buf`` (a writable buffer of >= 8 * len
+    bytes): signed 64-bit words on the fast path (np.int32 sign-extended, pointers
+    < 2**63), the unsigned words of ``slot_value`` otherwise."""
+    nd = _ND
+    vals = [a.data.ptr if type(a) is nd else a for a in args]
+    n = len(vals)
+    try:
+        (_SIGNED.get(n) or _struct(_SIGNED, "q", n)).pack_into(buf, 0, *vals)
+    except (struct.error, TypeError, OverflowError):
+        (_UNSIGNED.get(n) or _struct(_UNSIGNED, "Q", n)).pack_into(
+            buf, 0, *[slot_value(a, kernel) for a in args])
+    return n
+
+
+class _Slots:
+    """n 8-byte argument slots and the array of pointers to them (kernelParams)."""
+
+    __slots__ = ("cap", "buf", "ptrs", "arg")
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.buf = (ctypes.c_uint64 * cap)()
+        base = ctypes.addressof(self.buf)
+        self.ptrs = (ctypes.c_void_p * cap)(*[base + 8 * i for i in range(cap)])
+        self.arg = ctypes.c_void_p(ctypes.addressof(self.ptrs))
+
+
+class Kernel:
+    """``kernel(grid, block, args, stream=None)``: one launch of a CUfunction.
+
+    ``func``: CuPy's Function (``func.ptr`` is the CUfunction handle; calling it is
+    the CuPy fallback).  ``args``: np.int32 / np.uint64 / Python ints / cupy.ndarray
+    (and floats).  ``stream``: a raw stream handle; None: the current stream."""
+
+    __slots__ = ("name", "func", "handle", "_free")
+
+    def __init__(self, func, name="kernel", handle=None):
+        self.name = name
+        self.func = func
+        h = getattr(func, "ptr", None) if handle is None else handle
+        self.handle = None if h is None else ctypes.c_void_p(int(h))
+        if h is None:
+            _STATE["nohandle"] = f"{name}: the CuPy function has no .ptr (CuPy launches it)"
+        self._free = []
+
+    def __call__(self, grid, block, args, stream=None):
+        lib = _STATE["lib"]
+        if lib is None or MODE == "cupy" or self.handle is None:
+            if _STATE["loaded"] or MODE == "cupy" or self.handle is None or load() is None:
+                return self._cupy(grid, block, args, stream)
+            lib = _STATE["lib"]
+        nd = _ND
+        vals = [a.data.ptr if type(a) is nd else a for a in args]  # fill(), inlined
+        n = len(vals)
+        try:
+            slots = self._free.pop()
+        except IndexError:
+            slots = _Slots(max(n, 16))
+        if slots.cap < n:
+            slots = _Slots(n)
+        try:
+            (_SIGNED.get(n) or _struct(_SIGNED, "q", n)).pack_into(slots.buf, 0, *vals)
+        except (struct.error, TypeError, OverflowError):
+            (_UNSIGNED.get(n) or _struct(_UNSIGNED, "Q", n)).pack_into(
+                slots.buf, 0, *[slot_value(a, self.name) for a in args])
+        if stream is None:
+            stream = _CURRENT_STREAM()
+        st = _STREAM_ARGS.get(stream)
+        if st is None:
+            st = _stream_arg(stream)
+        g = (*grid, 1, 1)
+        b = (*block, 1, 1)
+        try:
+            rc = lib.launch(self.handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, st, slots.arg,
+                            None)
+        except ctypes.ArgumentError:  # numpy integers as dimensions: plain ints
+            rc = None
+        if rc is None or (rc == CUDA_ERROR_INVALID_CONTEXT and _ON_INVALID_CONTEXT is not None):
+            if rc is not None:  # a thread that never touched the runtime: retry once
+                _ON_INVALID_CONTEXT()
+            rc = lib.launch(self.handle, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]),
+                            int(b[2]), 0, st, slots.arg, None)
+        self._free.append(slots)
+        if rc:
+            raise RuntimeError(f"cuLaunchKernel({self.name}) failed: {lib.error_name(rc)} "
+                               f"({rc}); grid {tuple(grid)}, block {tuple(block)}")
+
+    def _cupy(self, grid, block, args, stream):
+        if stream is None:
+            return self.func(grid, block, args)
+        import cupy
+        return self.func(grid, block, args, stream=cupy.cuda.ExternalStream(int(stream)))
+
+
+__all__ = ["Kernel", "MODE", "active", "configure", "describe", "fill", "load", "set_driver",
+           "slot_value"]
