@@ -96,8 +96,12 @@ def main():
         alloc = lambda: dyadic.allocate(pr32, backend="cuda", check=False,
                                         out={"counts": cnt, "status": st})
         r = {"B": B}
+        ver_lazy = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check="lazy", out=vout)
+        ver_sp_lazy = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check="lazy",
+                                            out=vout)
         for name, fn in (("propose_top32_bf16", prop), ("torch_top32_proposal", torch_prop),
                          ("verify_k5_dense", ver), ("verify_k5_top32", ver_sp),
+                         ("verify_k5_dense_lazy", ver_lazy), ("verify_k5_top32_lazy", ver_sp_lazy),
                          ("torch_verify_k5_dense", torch_ver), ("allocate_dense_f32", alloc)):
             try:
                 r[name] = round(graph_time(fn), 1)
@@ -106,10 +110,10 @@ def main():
         # A/B in the same run: the previous dense allocate (one block per row) and the
         # rank-counting propose without the staged last block
         from dyadic.backends.cuda import cupy_backend as _cb
-        for name, attr, val, fn in (("allocate_dense_f32_OLD", "_DENSE_MODE", "old", alloc),
-                                    ("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
-                                    ("propose_top32_bf16_NOSTAGE", "_TOPK_STAGE", False, prop),
-                                    ("propose_top32_bf16_STAGE", "_TOPK_STAGE", True, prop)):
+        for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
+                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", False, prop)):
+            if not hasattr(_cb, attr):
+                continue
             prev = getattr(_cb, attr)
             setattr(_cb, attr, val)
             try:
@@ -142,7 +146,7 @@ def main():
     from dyadic.backends.cuda import cupy_backend
     print("launch mode:", cupy_backend.launch_mode(), "| DYADIC_CUDA_TOPK =",
           os.environ.get("DYADIC_CUDA_TOPK", "(default)"), "| dense:", cupy_backend._DENSE_MODE,
-          "| topk stage:", cupy_backend._TOPK_STAGE, flush=True)
+          "| pk_topk:", getattr(cupy_backend, "_PK_MODE", None), flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu_bench.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -76,6 +76,11 @@ _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da")
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
+# top_k <= _PK_KMAX: pk_topk (propose_fast.cuh: coarse-key threshold, one warp tail).
+# DYADIC_CUDA_PK=0 falls back to dc_topk (A/B runs).
+_PK_KMAX = 32
+_PK_NT = 512
+_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "1") == "1"
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
 
@@ -122,7 +127,10 @@ def module(dev=None):
     mod = _MODULES.get(dev)
     if mod is None:
         mod = cp.RawModule(code=_source(), options=(
-            "--fmad=false", "--std=c++17", "-I" + _include_dir(), "-I" + _HERE))
+            "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--std=c++17",
+            "-I" + _include_dir(), "-I" + _HERE)
+            + (("-lineinfo",) if os.environ.get("DYADIC_CUDA_LINEINFO") == "1" else ())
+            + (("-DDC_PROF",) if os.environ.get("DYADIC_CUDA_PROF") == "1" else ()))
         mod.compile()
         _MODULES[dev] = mod
     return mod
@@ -424,7 +432,10 @@ class CupyBackend:
             kptrs, kfmt = _keys(call, *keys, batch)
         else:
             kptrs, kfmt = [np.uint64(0)] * 4, 0
-        if top_k:
+        if top_k and int(top_k) <= _PK_KMAX and _PK_MODE:
+            self._topk_fast(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
+                            tokens, counts, ids, status)
+        elif top_k:
             k = int(top_k)
             kc = min(k, _TILE)
             ntiles = (v + _TILE - 1) // _TILE
@@ -462,6 +473,28 @@ class CupyBackend:
                              call(tokens, True), call(counts, True), call(status, True))
             _kernel("dc_dense")((batch,), (1024,), args)
         call.finish()
+
+    def _topk_fast(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
+                   counts, ids, status):
+        """top_k <= 32: pk_topk (propose_fast.cuh), one launch, grid (R, B)."""
+        pk = ("pk", _device_id(), batch, v, k)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            want = max(1, -(-2 * _num_sms() // batch))
+            r = max(1, min(want, (2 * _PK_NT) // k, -(-v // _PK_NT)))
+            chunk = -(-v // r)
+            r = -(-v // chunk)
+            plan = (np.int32(r), np.int32(chunk), r,
+                    scratch("pk_cand_key", 8 * batch * r * k),
+                    scratch("pk_cand_coarse", 8 * batch * r * k), scratch("pk_cand_id", 4 * batch * r * k),
+                    scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch),
+                    _kernel("pk_topk"))
+            _PLANS[pk] = plan
+        r32, chunk32, r, ckey, ccoarse, cid, bbad, ctr, fn = plan
+        args = common + (np.int32(k), r32, chunk32, np.int32(policy), np.int32(do_draw), *kptrs,
+                         np.int32(kfmt), ckey, ccoarse, cid, bbad, ctr, call(tokens, True),
+                         call(counts, True), call(ids, True), call(status, True))
+        fn((r, batch), (_PK_NT,), args)
 
     # dense allocate / propose, default path: DA_RS / DA_CAP of dense_alloc.cuh
     _DA_RS = 1040

@@ -38,9 +38,19 @@
 #define PK_SMAX 1024
 #define PK_KMAX 32
 
+/* -DDC_PROF: %globaltimer stamps of row 0 (block 0, then the last block) in dc_prof */
+#ifdef DC_PROF
+__device__ u64 dc_prof[32];
+#define PK_STAMP(i) do { if (pk_prof >= 0 && threadIdx.x == 0) { \
+    u64 t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); dc_prof[(i) + pk_prof] = t_; } } while (0)
+#else
+#define PK_STAMP(i) do { } while (0)
+#endif
+
 struct PkShared {
   u32 hist[256];
   u64 sk[PK_SMAX];
+  u64 sc[PK_SMAX];
   int si[PK_SMAX];
   u64 prefix;
   int need;
@@ -104,30 +114,48 @@ DC_FN u64 pk_kth_largest(u64 v, int K, int top, PkShared& ps) {
  * increase with i among equal keys (see the header comment). */
 template <class C, class E, class I, class OUT>
 DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, OUT out,
-                     PkShared& ps, DcShared& sh) {
+                     PkShared& ps, DcShared& sh, int pk_prof) {
   const int tid = threadIdx.x;
-  u64 mx = 0;
+  /* the thread's largest coarse key (first index) and its second largest */
+  u64 m1 = 0, m2 = 0; int i1 = -1;
 #pragma unroll 8
-  for (int i = tid; i < n; i += PK_NT) { u64 c = coarse(i); mx = c > mx ? c : mx; }
+  for (int i = tid; i < n; i += PK_NT) {
+    const u64 c = coarse(i);
+    if (c > m1) { m2 = m1; m1 = c; i1 = i; } else if (c > m2) m2 = c;
+  }
+  PK_STAMP(1);
   const int kk = K < n ? K : n;
   /* t: at least kk elements have coarse >= t, so the kk best all do;
    * t == 0 only when fewer than kk threads own elements (every key is > 0) */
-  const u64 t = pk_kth_largest(mx, kk, ctop, ps);
-  int cnt = 0;
-  const bool mine = tid < n && mx >= t;
-  if (mine)
+  const u64 t = pk_kth_largest(m1, kk, ctop, ps);
+  PK_STAMP(2);
+  /* survivors: coarse >= t.  A thread whose second largest is < t has at
+   * most one, its maximum (index i1): no rescan. */
+  const bool one = i1 >= 0 && m1 >= t;
+  const bool scan = one && m2 >= t && m2 > 0;
+  int cnt = one ? 1 : 0;
+  if (scan) {
+    cnt = 0;
     for (int i = tid; i < n; i += PK_NT) cnt += coarse(i) >= t;
+  }
   int S; int pos = block_excl_scan(cnt, &S, sh);
   if (S <= PK_SMAX) {
-    if (mine && cnt)
-      for (int i = tid; i < n; i += PK_NT)
-        if (coarse(i) >= t) { ps.sk[pos] = exact(i); ps.si[pos] = id(i); ++pos; }
+    if (scan) {
+      for (int i = tid; i < n; i += PK_NT) {
+        const u64 c = coarse(i);
+        if (c >= t) { ps.sk[pos] = exact(i); ps.sc[pos] = c; ps.si[pos] = id(i); ++pos; }
+      }
+    } else if (one) {
+      ps.sk[pos] = exact(i1); ps.sc[pos] = m1; ps.si[pos] = id(i1);
+    }
   } else {
     DcSel s = block_select(exact, n, kk, sh, etop);
     S = block_compact([&](int i) { return sel_has(s, exact(i), i); },
-                      [&](int i, int r) { ps.sk[r] = exact(i); ps.si[r] = id(i); }, n, sh);
+                      [&](int i, int r) { ps.sk[r] = exact(i); ps.sc[r] = coarse(i); ps.si[r] = id(i); },
+                      n, sh);
   }
   __syncthreads();
+  PK_STAMP(3);
   for (int a = tid; a < S; a += PK_NT) {
     const u64 ka = ps.sk[a]; const int ia = ps.si[a];
     int rank = 0;
@@ -135,7 +163,7 @@ DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, 
       const u64 kb = ps.sk[b];
       rank += kb > ka || (kb == ka && ps.si[b] < ia);
     }
-    if (rank < kk) out(rank, ka, ia);
+    if (rank < kk) out(rank, ka, ia, ps.sc[a]);
   }
   __syncthreads();
 }
@@ -144,13 +172,15 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    u64* cand_key, u64* cand_coarse, int* cand_id, u64* blk_bad, u32* counters,
     int* tokens, u32* counts, int* ids, int* status) {
   __shared__ DcShared sh;
   __shared__ PkShared ps;
   __shared__ u64 ok[PK_KMAX];
   __shared__ int oi[PK_KMAX];
   const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  int pk_prof = row == 0 && r == 0 ? 0 : -1;
+  PK_STAMP(0);
   bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 xoff = (i64)row * V;
   const i64 boff = bias_rows > 1 ? xoff : 0;
@@ -169,6 +199,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   if (tid == 0) ps.bad = NONE_BAD;
   const int lo = r * chunk, n = min(V, lo + chunk) - lo;
   u64* ck = cand_key + ((i64)row * R + r) * K;
+  u64* cc = cand_coarse + ((i64)row * R + r) * K;
   int* ci = cand_id + ((i64)row * R + r) * K;
   {
     u64 mybad = NONE_BAD;  /* the thread's first bad id (ids increase per thread) */
@@ -187,14 +218,15 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
     };
     auto exact = [&](int i) -> u64 { return exact_x(el(i), lo + i); };
     auto idf = [&](int i) { return lo + i; };
-    auto emit = [&](int rank, u64 k, int id) { ck[rank] = k; ci[rank] = id; };
-    pk_select(coarse, exact, idf, n, K, ctop, etop, emit, ps, sh);
-    for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; ci[j] = -1; }  /* n < K: padding */
+    auto emit = [&](int rank, u64 k, int id, u64 c) { ck[rank] = k; cc[rank] = c; ci[rank] = id; };
+    pk_select(coarse, exact, idf, n, K, ctop, etop, emit, ps, sh, pk_prof);
+    for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
     if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
     __syncthreads();
   }
   const u64 bbad = ps.bad;
   if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
+  PK_STAMP(4);
   __threadfence();
   __syncthreads();
   if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
@@ -202,6 +234,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   if (!ps.is_last) return;
   __threadfence();
   if (tid == 0) counters[row] = 0;
+  pk_prof = row == 0 ? 16 : -1;
+  PK_STAMP(0);
 
   /* ---- last block of the row ---- */
   const int W = K;
@@ -212,18 +246,16 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   {
     const int N = R * K;
     const u64* rk = cand_key + (i64)row * N;
+    const u64* rc = cand_coarse + (i64)row * N;
     const int* ri = cand_id + (i64)row * N;
+    /* padding entries (keys 0, id -1) are never among the K best: V >= K real ones */
     auto cexact = [&](int i) -> u64 { return __ldcg(&rk[i]); };
+    auto ccoarse = [&](int i) -> u64 { return __ldcg(&rc[i]); };
     auto cid = [&](int i) { return __ldcg(&ri[i]); };
-    /* padding entries (key 0, id -1) are never among the K best: V >= K real ones */
-    auto ccoarse = [&](int i) -> u64 {
-      const int id = cid(i);
-      return id < 0 ? 0 : (u64)pk_fkey(load_f(x, xdt, xoff + id));
-    };
-    auto emit = [&](int rank, u64 k, int id) { ok[rank] = k; oi[rank] = id; };
-    if (fast) pk_select(ccoarse, cexact, cid, N, K, ctop, etop, emit, ps, sh);
-    else pk_select(cexact, cexact, cid, N, K, ctop, etop, emit, ps, sh);
+    auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
+    pk_select(ccoarse, cexact, cid, N, K, ctop, etop, emit, ps, sh, pk_prof);
   }
+  PK_STAMP(5);
   if (tid >= 32) return;
   /* ---- warp 0: lane j holds the support entry of rank j (j < K) ---- */
   const int lane = tid;
@@ -294,6 +326,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
     if (lane == 0) tokens[row] = best == 0x7FFFFFFF ? -1 : bid;
   }
   if (lane == 0) status[row] = 0;
+  PK_STAMP(6);
 }
 
 #endif
