@@ -496,9 +496,10 @@ class CupyBackend:
                          call(counts, True), call(ids, True), call(status, True))
         fn((r, batch), (_PK_NT,), args)
 
-    # dense allocate / propose, default path: DA_RS / DA_CAP of dense_alloc.cuh
-    _DA_RS = 1040
+    # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
+    _DA_RS = 144
     _DA_CAP = 2048
+    _DA_NB = 2048
 
     def _dense_da(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                   status):
@@ -523,10 +524,11 @@ class CupyBackend:
             plan = (np.int32(dt), nti, scratch("da_state", 8 * batch * self._DA_RS),
                     scratch("da_cand_r", 8 * batch * self._DA_CAP),
                     scratch("da_cand_i", 4 * batch * self._DA_CAP),
+                    scratch("da_fine", 4 * batch * nti * self._DA_NB),
                     _kernel("da_max"), _kernel("da_sum"), _kernel("da_floor"), _kernel("da_mark"),
                     _kernel("dc_draw"))
             _PLANS[pk] = plan
-        dt, nti, state, cand_r, cand_i, kmax, ksum, kfloor, kmark, kdraw = plan
+        dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw = plan
         cnt, st = call(counts, True), call(status, True)
         tk = call(tokens, True) if do_draw else _NULL
         vec = np.int32(int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0)
@@ -536,7 +538,7 @@ class CupyBackend:
         base = common + (dt, vec)
         kmax(grid, blk, base + (state,))
         ksum(grid, blk, base + (state,))
-        kfloor(grid, blk, base + (pol, state))
+        kfloor(grid, blk, base + (pol, fine, state))
         kmark(grid, blk, base + (pol, state, cand_r, cand_i, cnt, cvec, st))
         if do_draw:
             kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, np.int32(kfmt), tk))

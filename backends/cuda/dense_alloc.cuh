@@ -46,18 +46,15 @@
  *                  Slow (one block per row) but exact; reached only when one
  *                  bin of 2048 holds > 2048 elements (e.g. many equal weights).
  *
- * Division: q = floor(m / S), m = 2^24 w < 2^63.  For S < 2^62, inv =
- * floor((2^64 - 1) / S) and qq = mulhi(m, inv).  inv >= (2^64 - S) / S gives
- * m inv / 2^64 >= m / S - m / 2^64 > m / S - 1, and inv <= (2^64 - 1) / S
- * gives m inv / 2^64 < m / S, so q - 1 <= qq <= q; r = m - qq S < 2S < 2^63
- * is computed without wrap and corrected (twice, the second never fires).
- * For S >= 2^62 the hardware division is used (row-uniform branch).
+ * Division: see da_div (binary64 estimate in {q, q + 1}, one exact integer
+ * correction; the hardware division for S >= 2^62).
  * ======================================================================== */
 #define DA_NB 2048
 #define DA_NBITS 11
 #define DA_CAP 2048
 #define DA_RANK 256
-#define DA_RS (16 + DA_NB / 2)
+#define DA_NC 256 /* coarse bins: d >> 3 */
+#define DA_RS (16 + DA_NC / 2)
 enum { DA_MK = 0, DA_BAD, DA_ARG, DA_S, DA_SB, DA_C1, DA_C2, DA_SLOT, DA_KIND, DA_REM, DA_BIN,
        DA_NEED, DA_CNT, DA_CODE };
 /* kinds (set by da_floor's last block; 0: the row was not run there) */
@@ -66,24 +63,24 @@ enum { DA_K_ERR = 1, DA_K_FLOOR, DA_K_ALL, DA_K_CAND, DA_K_FALL };
 template <int N> struct DaN { static constexpr int n = N; };
 
 /* f(v0, xs, DaN<n>, ok) for groups of n consecutive elements of [lo, hi):
- * vec (float32, V % 4 == 0, x 16-byte aligned): float4 loads, 16 elements per
+ * vec (float32, V % 4 == 0, x 16-byte aligned): float4 loads, 4 U elements per
  * thread in flight; else 8 scalar loads in flight.  Every thread of the block
  * makes the same number of calls (ok false past hi), so f may use warp
  * collectives.  Per thread, v increases from call to call. */
-template <class F>
+template <int U = 4, class F>
 DC_FN void da_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, F f) {
   const int tid = threadIdx.x;
   if (vec) {
     const float4* x4 = (const float4*)((const float*)x + xoff);
-    for (int base = lo; base < hi; base += 256 * 16) {
-      float4 b[4];
+    for (int base = lo; base < hi; base += 256 * 4 * U) {
+      float4 b[U];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int i = base + (u * 256 + tid) * 4;
         b[u] = i < hi ? __ldg(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int i = base + (u * 256 + tid) * 4;
         const float xs[4] = {b[u].x, b[u].y, b[u].z, b[u].w};
         f(i, xs, DaN<4>(), i < hi);
@@ -124,7 +121,7 @@ DC_FN int da_code(const u64* st, int logits) {
   return 0;
 }
 
-struct DaRow { u64 mk, S, inv; int dlo, logits; };
+struct DaRow { u64 mk, S; double scale; int fp, dlo, logits; };
 
 DC_FN DaRow da_row(const u64* st, int logits) {
   DaRow R;
@@ -132,28 +129,77 @@ DC_FN DaRow da_row(const u64* st, int logits) {
   R.S = st[DA_S];
   R.logits = logits;
   const u64 s = R.S ? R.S : 1;  /* S == 0 cannot happen (the max has weight >= 2^15); fail closed */
-  R.inv = s < (1ull << 62) ? ~0ull / s : 0;
+  R.fp = s < (1ull << 62);
+  R.scale = __ddiv_rn(16777216.0, __ull2double_rn(s));
   const int bl = dy_bitlen64(s - 1);
   R.dlo = bl > DA_NBITS ? bl - DA_NBITS : 0;
   return R;
 }
 
-/* q = floor(2^24 w / S), *rem = 2^24 w - q S (exact; see the top comment) */
-DC_FN u64 da_qr(const DaRow& R, u64 key, u64* rem) {
-  const u64 S = R.S ? R.S : 1;
-  const u64 m = (u64)DY_TOTAL * weight_of_key(key, R.mk, R.logits);
-  u64 q, r;
-  if (R.inv) {
-    q = __umul64hi(m, R.inv);
-    r = m - q * S;
-    if (r >= S) { r -= S; ++q; }
-    if (r >= S) { r -= S; ++q; }
-  } else {
-    q = m / S;
-    r = m - q * S;
+/* q = floor(2^24 w / S) and *rem = 2^24 w - q S, exact, for w < 2^52 (weights are
+ * < 2^40) and S < 2^62 (else the hardware division).  As the CPU backend's
+ * dy_alloc_weights_host: wd = w exactly (bit trick), scale = fl(2^24 / fl(S)),
+ * qd = fl(wd scale): three roundings, |qd - Q| < 2^24 * 2^-51 = 2^-27 with
+ * Q = 2^24 w / S = q + f, 0 <= f < 1, so qd + 2^52 rounds to qe = round(qd) in
+ * {q, q + 1}.  r = 2^24 w - qe S (mod 2^64) is r in [0, S) when qe = q, and r - S
+ * in [-S, 0) (top bit set, as S < 2^63) when qe = q + 1: one correction. */
+DC_FN u32 da_div(const DaRow& R, u64 w, u64* rem) {
+  const u64 m = w << DY_TOTAL_BITS;
+  if (R.fp) {
+    const double wd = __dsub_rn(__hiloint2double((int)(0x43300000u | (u32)(w >> 32)), (int)(u32)w),
+                                4503599627370496.0);
+    const double t = __dadd_rn(__dmul_rn(wd, R.scale), 4503599627370496.0);
+    u32 q = (u32)__double2loint(t);
+    u64 r = m - (u64)q * R.S;
+    if ((i64)r < 0) { r += R.S; --q; }
+    *rem = r;
+    return q;
   }
-  *rem = r;
-  return q;
+  const u64 S = R.S ? R.S : 1;
+  const u64 q = m / S;
+  *rem = m - q * S;
+  return (u32)q;  /* q <= 2^24 */
+}
+
+/* Weight of one element, specialised per input kind (the per-element loops are
+ * compiled once per kind).  Both equal weight_of_key(rank_key(...)). */
+struct DaWProb {  /* float32 weights: dy_prob_weight, branch-free (as the CPU backend) */
+  int emax; u32 magmax;
+  /* mant_v 2^(ex_v - emax + 15), floored: (mant << 15) >> (emax - ex) for emax - ex <= 63
+   * (ex <= emax in a valid row; shifts >= 39 give 0 as dy_shift_floor64) */
+  __device__ __forceinline__ u64 operator()(float xf, int) const {
+    const u32 mag = __float_as_uint(xf) & 0x7FFFFFFFu, e = mag >> 23;
+    const u32 mant = (mag & 0x7FFFFFu) | (e ? 0x800000u : 0u);
+    const int ex = e ? (int)e - 150 : -149;
+    const u32 d = min((u32)(emax - ex), 63u);
+    return ((u64)mant << 15) >> d;
+  }
+  __device__ __forceinline__ bool is_max(float xf, int) const {
+    return (__float_as_uint(xf) & 0x7FFFFFFFu) == magmax;
+  }
+};
+struct DaWLogit {
+  const void* bias; int bdt; i64 boff; double T; u64 mk;
+  __device__ __forceinline__ u64 key(float xf, int v) const {
+    int bad;
+    return rank_key(xf, bias, bdt, boff + v, T, 1, &bad);
+  }
+  __device__ __forceinline__ u64 operator()(float xf, int v) const {
+    return weight_of_key(key(xf, v), mk, 1);
+  }
+  __device__ __forceinline__ bool is_max(float xf, int v) const { return key(xf, v) == mk; }
+};
+
+/* f(W) with the weight functor of the row's input kind */
+template <class F>
+DC_FN void da_kind(int logits, u64 mk, const void* bias, int bdt, i64 boff, double T, F f) {
+  if (logits) {
+    DaWLogit W; W.bias = bias; W.bdt = bdt; W.boff = boff; W.T = T; W.mk = mk;
+    f(W);
+  } else {
+    DaWProb W; W.magmax = (u32)(mk - 1); W.emax = dy_f32_exp(W.magmax);
+    f(W);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) da_max(
@@ -194,16 +240,16 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_sum(
   const u64 mk = st[DA_MK];
   const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
   u64 S = 0, na = 0;
-  da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-    constexpr int n = decltype(NN)::n;
-    if (!ok) return;
+  da_kind(logits, mk, bias, bdt, boff, T, [&](auto W) {
+    da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      constexpr int n = decltype(NN)::n;
+      if (!ok) return;
 #pragma unroll
-    for (int e = 0; e < n; ++e) {
-      int bad;
-      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
-      if (key == mk && na == 0) na = ~(u64)(v0 + e);
-      if (!greedy) S += weight_of_key(key, mk, logits);
-    }
+      for (int e = 0; e < n; ++e) {
+        if (na == 0 && W.is_max(xs[e], v0 + e)) na = ~(u64)(v0 + e);
+        if (!greedy) S += W(xs[e], v0 + e);
+      }
+    });
   });
   na = block_reduce64(na, 1, sh);
   S = block_reduce64(S, 0, sh);
@@ -212,9 +258,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_sum(
 
 extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state) {
+    int logits, int greedy_ok, int V, int dt, int vec, int policy, u32* __restrict__ fine,
+    u64* state) {
   __shared__ DcShared sh;
   __shared__ u32 hs[DA_NB];
+  __shared__ u32 f8[8];
   __shared__ int sbin, sneed, scnt;
   const int row = blockIdx.y, tid = threadIdx.x;
   u64* st = state + (i64)row * DA_RS;
@@ -227,28 +275,39 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
   const bool hist = policy == 0;
   for (int j = tid; j < DA_NB; j += 256) hs[j] = 0;
   __syncthreads();
-  u64 sb = 0;
+  u32 sbt = 0;  /* sum of q over this thread: <= the row's sum <= 2^24 */
   u32 lastd = 0xFFFFFFFFu, run = 0;  /* run-length: equal digits (zeros, equal weights) add once */
-  da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-    constexpr int n = decltype(NN)::n;
-    if (!ok) return;
+  da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+    da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      constexpr int n = decltype(NN)::n;
+      if (!ok) return;
 #pragma unroll
-    for (int e = 0; e < n; ++e) {
-      int bad; u64 r;
-      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
-      sb += da_qr(R, key, &r);
-      if (hist) {
-        const u32 d = (u32)(r >> R.dlo);
-        if (d == lastd) ++run;
-        else { if (run) atomicAdd(&hs[lastd], run); lastd = d; run = 1; }
+      for (int e = 0; e < n; ++e) {
+        u64 r;
+        sbt += da_div(R, W(xs[e], v0 + e), &r);
+        if (hist) {
+          const u32 d = (u32)(r >> R.dlo);
+          if (d == lastd) ++run;
+          else { if (run) atomicAdd(&hs[lastd], run); lastd = d; run = 1; }
+        }
       }
-    }
+    });
   });
   if (run) atomicAdd(&hs[lastd], run);
-  sb = block_reduce64(sb, 0, sh);  /* its __syncthreads also orders the hs adds */
+  const u64 sb = block_reduce64(sbt, 0, sh);  /* its __syncthreads also orders the hs adds */
   if (tid == 0) atomicAdd(&st[DA_SB], sb);
+  /* the tile's fine histogram -> fine[row][tile] (plain stores); its coarse
+   * histogram (8 fine bins each) -> the row's DA_NC global bins (atomics) */
   u32* gh = (u32*)(st + 16);
-  if (hist) for (int j = tid; j < DA_NB; j += 256) { const u32 h = hs[j]; if (h) atomicAdd(&gh[j], h); }
+  const int ntiles = (int)gridDim.x;
+  if (hist) {
+    u32* fb = fine + ((i64)row * ntiles + blockIdx.x) * DA_NB;
+    for (int j = tid; j < DA_NB; j += 256) fb[j] = hs[j];
+    u32 cs = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) cs += hs[8 * tid + k];
+    if (cs) atomicAdd(&gh[tid], cs);
+  }
   if (!da_last(st, DA_C1)) return;
   /* ---- last block of the row ---- */
   const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DA_SB]);
@@ -258,19 +317,28 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
   else if (remaining == 0 || !hist) kind = DA_K_FLOOR;
   else kind = DA_K_CAND;
   if (kind == DA_K_CAND) {
-    /* thread t owns bins [NB - 8 (t + 1), NB - 8 t), scanned from the top */
+    /* coarse: thread t owns coarse bin NC - 1 - t (scanned from the top) */
     const int need = (int)remaining;
-    u32 c[8]; int s = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) { c[j] = __ldcg(&gh[DA_NB - 1 - 8 * tid - j]); s += (int)c[j]; }
+    const int cb = DA_NC - 1 - tid;
+    const int c = (int)__ldcg(&gh[cb]);
     if (tid == 0) sbin = -1;
-    int tot; const int exc = block_excl_scan(s, &tot, sh);
-    if (exc < need && need <= exc + s) {
-      int cum = exc;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (cum < need && need <= cum + (int)c[j]) { sbin = DA_NB - 1 - 8 * tid - j; sneed = need - cum; scnt = (int)c[j]; }
-        cum += (int)c[j];
+    if (tid < 8) f8[tid] = 0;
+    int tot; const int exc = block_excl_scan(c, &tot, sh);
+    if (exc < need && need <= exc + c) { sbin = cb; sneed = need - exc; }
+    __syncthreads();
+    const int cbin = sbin, needc = sneed;
+    if (cbin >= 0) {
+      /* fine: the 8 bins of cbin summed over the row's tiles */
+      for (int i = tid; i < 8 * ntiles; i += 256)
+        atomicAdd(&f8[i & 7], __ldcg(&fine[((i64)row * ntiles + (i >> 3)) * DA_NB + 8 * cbin + (i & 7)]));
+      __syncthreads();
+      if (tid == 0) {
+        int cum = 0;
+        sbin = -1;
+        for (int k = 7; k >= 0; --k) {
+          if (cum < needc && needc <= cum + (int)f8[k]) { sbin = 8 * cbin + k; sneed = needc - cum; scnt = (int)f8[k]; break; }
+          cum += (int)f8[k];
+        }
       }
     }
     __syncthreads();
@@ -278,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
     else if (sneed == scnt) kind = DA_K_ALL;
     else if (scnt > DA_CAP) kind = DA_K_FALL;
   }
-  if (hist) for (int j = tid; j < DA_NB; j += 256) gh[j] = 0;
+  if (hist) gh[tid] = 0;  /* DA_NC == 256 == blockDim.x; read above, before a barrier */
   if (tid == 0) {
     st[DA_KIND] = (u64)kind;
     st[DA_CODE] = (u64)code;
@@ -350,39 +418,40 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
     const u32 thr = kind == DA_K_FLOOR ? 0xFFFFFFFFu : (kind == DA_K_ALL ? bin : bin + 1);
     const u32 radd = kind == DA_K_FLOOR ? (u32)st[DA_REM] : 0u;
     const bool cand = kind == DA_K_CAND;
-    da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-      constexpr int n = decltype(NN)::n;
-      u32 c[n];
+    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+      da_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+        constexpr int n = decltype(NN)::n;
+        u32 c[n];
 #pragma unroll
-      for (int e = 0; e < n; ++e) {
-        const int v = v0 + e;
-        int bad; u64 r;
-        const u64 key = rank_key(xs[e], bias, bdt, boff + v, T, logits, &bad);
-        const u64 q = da_qr(R, key, &r);
-        const u32 d = (u32)(r >> R.dlo);
-        c[e] = (u32)q + (d >= thr ? 1u : 0u) + (v == argmax ? radd : 0u);
-        if (cand) {  /* warp-uniform */
-          const bool is = ok && d == bin;
-          const unsigned bal = __ballot_sync(0xffffffffu, is);
-          if (bal) {
-            const int leader = __ffs(bal) - 1;
-            u32 base = 0;
-            if (lane == leader) base = (u32)atomicAdd(&st[DA_SLOT], (u64)__popc(bal));
-            base = __shfl_sync(0xffffffffu, base, leader);
-            if (is) {
-              const u32 p = base + (u32)__popc(bal & ((1u << lane) - 1u));
-              if (p < DA_CAP) { cr[p] = r - rbase; ci[p] = (u32)v; }
+        for (int e = 0; e < n; ++e) {
+          const int v = v0 + e;
+          u64 r;
+          const u32 q = da_div(R, W(xs[e], v), &r);
+          const u32 d = (u32)(r >> R.dlo);
+          c[e] = q + (d >= thr ? 1u : 0u) + (v == argmax ? radd : 0u);
+          if (cand) {  /* warp-uniform */
+            const bool is = ok && d == bin;
+            const unsigned bal = __ballot_sync(0xffffffffu, is);
+            if (bal) {
+              const int leader = __ffs(bal) - 1;
+              u32 base = 0;
+              if (lane == leader) base = (u32)atomicAdd(&st[DA_SLOT], (u64)__popc(bal));
+              base = __shfl_sync(0xffffffffu, base, leader);
+              if (is) {
+                const u32 p = base + (u32)__popc(bal & ((1u << lane) - 1u));
+                if (p < DA_CAP) { cr[p] = r - rbase; ci[p] = (u32)v; }
+              }
             }
           }
         }
-      }
-      if (ok) {
-        if (n == 4 && cvec) *(uint4*)&crow[v0] = make_uint4(c[0], c[n > 1 ? 1 : 0], c[n > 2 ? 2 : 0], c[n > 3 ? 3 : 0]);
-        else {
+        if (ok) {
+          if (n == 4 && cvec) *(uint4*)&crow[v0] = make_uint4(c[0], c[n > 1 ? 1 : 0], c[n > 2 ? 2 : 0], c[n > 3 ? 3 : 0]);
+          else {
 #pragma unroll
-          for (int e = 0; e < n; ++e) crow[v0 + e] = c[e];
+            for (int e = 0; e < n; ++e) crow[v0 + e] = c[e];
+          }
         }
-      }
+      });
     });
   }
   if (!da_last(st, DA_C2)) return;
@@ -396,17 +465,19 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
             R.dlo, crow, sh);
   } else if (!code && !greedy && kind == DA_K_FALL) {
     /* one block over the row; key recomputed from x; index order = id order */
-    auto kf = [&](int i) -> u64 {
-      int bad; u64 r;
-      const u64 key = rank_key(load_f(x, xdt, xoff + i), bias, bdt, boff + i, T, logits, &bad);
-      da_qr(R, key, &r);
-      return (u32)(r >> R.dlo) == bin ? r - rbase + 1 : 0ull;
-    };
-    const DcSel s = block_select(kf, V, (int)st[DA_NEED], sh, (R.dlo / 8) * 8);
-    for (int i = tid; i < V; i += 256) {
-      const u64 k = kf(i);
-      if (k && sel_has(s, k, i)) crow[i] = __ldcg(&crow[i]) + 1u;
-    }
+    const int need = (int)st[DA_NEED];
+    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+      auto kf = [&](int i) -> u64 {
+        u64 r;
+        da_div(R, W(load_f(x, xdt, xoff + i), i), &r);
+        return (u32)(r >> R.dlo) == bin ? r - rbase + 1 : 0ull;
+      };
+      const DcSel s = block_select(kf, V, need, sh, (R.dlo / 8) * 8);
+      for (int i = tid; i < V; i += 256) {
+        const u64 k = kf(i);
+        if (k && sel_has(s, k, i)) crow[i] = __ldcg(&crow[i]) + 1u;
+      }
+    });
   }
   __syncthreads();
   if (tid < 16) st[tid] = 0;
