@@ -188,6 +188,7 @@ def _temperature(temperature, batch, device, allow_zero, check):
 
 _TEMP_CACHE = {}
 _ZEROS_U8 = {}
+_ONES_F64 = {}
 
 
 def _keys(keys, batch, device, check, extra=0):
@@ -322,7 +323,11 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
         if bias is not None or not (np.ndim(temperature) == 0 and temperature == 1.0):
             raise ValueError("temperature/bias: apply only to logits (logits=True); "
                              "weights are used as given")
-        temp = torch.ones(batch, dtype=torch.float64, device=dev)
+        temp = _ONES_F64.get((dev, batch))  # read only by the backend: cached per (device, B)
+        if temp is None:
+            temp = torch.ones(batch, dtype=torch.float64, device=dev)
+            if not torch.cuda.is_current_stream_capturing():  # filled only at replay there
+                _ONES_F64[(dev, batch)] = temp
     width = _validate.top_k(top_k, v)
     counts = _get_out(out, "counts", (batch, width or v), torch.uint32, dev)
     ids = _get_out(out, "ids", (batch, width), torch.int32, dev) if width else None
@@ -442,10 +447,9 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             _check_draft(d, v)
         d = d.to(torch.int32).contiguous()
     qc = qi = None
-    if q is not None and not (type(q) is Dyadic and q.vocab_size == v
-                              and q.batch_shape == (b, k1 - 1)):
-        _validate.verify_q(q, b, k1 - 1, v)  # raises the rule it breaks
     if q is not None:
+        if type(q) is not Dyadic or q.vocab_size != v or q.counts.shape[:-1] != (b, k1 - 1):
+            _validate.verify_q(q, b, k1 - 1, v)  # raises for the rule q breaks
         qc = q.counts
         if not _on(qc, didx, torch):
             qc = torch.as_tensor(qc, device=dev).contiguous()
@@ -456,7 +460,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
         g = _ZEROS_U8.get((dev, b))
         if g is None:
             g = torch.zeros(b, dtype=torch.uint8, device=dev)
-            _ZEROS_U8[(dev, b)] = g
+            if not torch.cuda.is_current_stream_capturing():  # zeroed only at replay there
+                _ZEROS_U8[(dev, b)] = g
     else:
         g = torch.as_tensor(greedy, device=dev)
         if g.dtype != torch.bool:

@@ -38,6 +38,8 @@ CUDA_ERROR_INVALID_CONTEXT = 201
 
 _STATE = {"lib": None, "why": None, "loaded": False}
 _ND = type("_NoNdarray", (), {})  # cupy.ndarray once configure() ran
+
+
 def _cupy_current_stream():
     import cupy
     return cupy.cuda.get_current_stream().ptr
@@ -115,7 +117,7 @@ def active():
 
 def describe():
     if MODE == "cupy":
-        return "cupy (DYADIC_CUDA_LAUNCH=cupy)"
+        return "cupy (launch.MODE = 'cupy', e.g. DYADIC_CUDA_LAUNCH=cupy)"
     if load() is None:
         return "cupy (" + str(_STATE["why"]) + ")"
     extra = _STATE.get("nohandle")
