@@ -60,7 +60,7 @@ def outs(B, dev="cuda"):
 
 
 def all_outputs(d):
-    """Every result of the covered calls as CPU tensors (synchronises)."""
+    """Every result of the covered calls as NumPy arrays (synchronises)."""
     r = {}
     for name, x in (("bf16", d["logits"]), ("f32", d["z"] * 3)):
         for tk in (32, None):
@@ -74,18 +74,26 @@ def all_outputs(d):
     r["draw_sparse"] = (dyadic.draw(_row0(d["qsp"]), d["keys"], backend="cuda"),)
     xh = d["logits"].float().cpu().numpy()  # NumPy in and out (host keys: one packed upload)
     th, qh = dyadic.propose(xh, dyadic.Keys(seed=7, position=3), top_k=32, backend="cuda")
-    r["propose_host"] = (torch.from_numpy(th), torch.from_numpy(qh.counts.astype(np.int64)),
-                         torch.from_numpy(qh.ids))
+    r["propose_host"] = (th, qh.counts, qh.ids)
     for name, dr, q in (("dense", d["draft"], d["qdy"]), ("sparse", d["dsp"], d["qsp"]),
                         ("point", d["draft"], None)):
         for chk in (False, "lazy"):
-            v = dyadic.verify(d["p"], dr, q, d["keys"], backend="cuda", check=chk)
-            r[f"verify_{name}_{chk}"] = (v.accepted, v.tokens, v.status)
+            try:
+                v = dyadic.verify(d["p"], dr, q, d["keys"], backend="cuda", check=chk)
+                r[f"verify_{name}_{chk}"] = (v.accepted, v.tokens, v.status)
+            except Exception as e:  # noqa: BLE001 - compared as text in both launch modes
+                r[f"verify_{name}_{chk}"] = (f"{type(e).__name__}: {e}",)
     ctr = np.random.default_rng(3).integers(0, 2**32, size=(1000, 4), dtype=np.uint64)
-    r["philox"] = (torch.from_numpy(dyadic.philox4x32(ctr, [[5, 7]], backend="cuda")
-                                    .astype(np.int64)),)
+    r["philox"] = (dyadic.philox4x32(ctr, [[5, 7]], backend="cuda"),)
     torch.cuda.synchronize()
-    return {k: tuple(None if a is None else a.cpu() for a in v) for k, v in r.items()}
+    return {k: tuple(_host(a) for a in v) for k, v in r.items()}
+
+
+def _host(a):
+    """NumPy copy of a result (None and error texts as they are)."""
+    if a is None or isinstance(a, (str, np.ndarray)):
+        return a
+    return a.cpu().numpy()
 
 
 def _row0(q):
@@ -108,7 +116,14 @@ def parity(seed=0):
             b = res["driver"][k]
             for x, y in zip(a, b):
                 n += 1
-                if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
+                if isinstance(x, str) or isinstance(y, str):
+                    same = x == y
+                    if isinstance(x, str):
+                        print(f"  note: B={B} {k} raised in both modes? {same}: {x[:100]}")
+                else:
+                    same = (x is None) == (y is None) and (
+                        x is None or (x.dtype == y.dtype and np.array_equal(x, y)))
+                if not same:
                     bad.append(f"B={B} {k}")
     launch.MODE = "driver"
     return n, bad
@@ -135,13 +150,15 @@ def graph_check():
     with torch.cuda.graph(cg):
         step()
     d["logits"].copy_((torch.randn(B, V, device="cuda", generator=g) * 3).to(torch.bfloat16))
+    for t in (*po.values(), *vo.values()):
+        t.view(torch.int32).fill_(7)  # a replay that launched nothing would leave these
     cg.replay()
     torch.cuda.synchronize()
-    rep = [t.clone() for t in (*po.values(), *vo.values())]
+    rep = [t.cpu().numpy() for t in (*po.values(), *vo.values())]
     step()
     torch.cuda.synchronize()
-    eag = [t.clone() for t in (*po.values(), *vo.values())]
-    return all(torch.equal(a, b) for a, b in zip(rep, eag))
+    eag = [t.cpu().numpy() for t in (*po.values(), *vo.values())]
+    return all(np.array_equal(a, b) for a, b in zip(rep, eag))
 
 
 def host_median(fn, reps):
