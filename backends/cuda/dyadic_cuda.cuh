@@ -32,6 +32,25 @@ DC_FN float load_f(const void* p, int dt, i64 i) {
   return __uint_as_float(((u32)((const u16*)p)[i]) << 16);
 }
 
+/* float -> double by integer bit manipulation (exact, subnormals kept).  CuPy
+ * appends -ftz=true to every NVRTC compile (cupy/cupy#9576), so cvt.f64.f32
+ * and f32 compares would flush subnormal floats to zero: no f32 arithmetic,
+ * conversion or comparison may appear in these kernels. */
+DC_FN double dc_f2d(float f) {
+  const u32 b = __float_as_uint(f);
+  const u64 s = (u64)(b >> 31) << 63;
+  const u32 e = (b >> 23) & 0xFFu, m = b & 0x7FFFFFu;
+  u64 r;
+  if (e == 0xFFu) r = s | 0x7FF0000000000000ull | ((u64)m << 29);  /* inf, NaN */
+  else if (e) r = s | ((u64)(e + 896u) << 52) | ((u64)m << 29);   /* normal: 1023 - 127 */
+  else if (!m) r = s;                                              /* +-0 */
+  else {                                                           /* subnormal m * 2**-149 */
+    const int p = 31 - __clz(m);
+    r = s | ((u64)(p + 874) << 52) | (((u64)m << (52 - p)) & 0xFFFFFFFFFFFFFull);
+  }
+  return __longlong_as_double((long long)r);
+}
+
 /* Weight from a ranking key (see rank_key): logits keys are dy_order_key(z)
  * and the weight is dy_weight_from_gap(zmax - z); probability keys are
  * mag + 1 and the weight is dy_prob_weight(mag, exp(max)). */
@@ -44,8 +63,8 @@ DC_FN u64 weight_of_key(u64 key, u64 maxkey, int logits) {
 DC_FN u64 rank_key(float xf, const void* bias, int bdt, i64 bidx, double temp, int logits, int* bad) {
   *bad = DY_ST_OK;
   if (logits) {
-    double z = (double)xf;
-    if (bias) z = z + (double)load_f(bias, bdt, bidx);
+    double z = dc_f2d(xf);
+    if (bias) z = z + dc_f2d(load_f(bias, bdt, bidx));
     if (temp != 1.0) z = z / temp;
     if (z != z || z == dy_inf()) *bad = dy_logit_status(z);
     return dy_order_key(z);

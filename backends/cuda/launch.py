@@ -196,6 +196,20 @@ class _Slots:
         self.arg = ctypes.c_void_p(ctypes.addressof(self.ptrs))
 
 
+def _handle_of(func):
+    """The CUfunction handle of a CuPy kernel object, or None.
+
+    ``RawModule.get_function`` returns a RawKernel (CuPy >= 8); its ``kernel``
+    attribute is the loaded ``cupy.cuda.function.Function``, whose ``ptr`` is the
+    handle (measured on the H200 image, CuPy 14.2: the RawKernel itself has no
+    ``ptr``, so every launch fell back to CuPy's path)."""
+    for obj in (func, getattr(func, "kernel", None)):
+        h = getattr(obj, "ptr", None)
+        if isinstance(h, int) and h:
+            return h
+    return None
+
+
 class Kernel:
     """``kernel(grid, block, args, stream=None)``: one launch of a CUfunction.
 
@@ -208,7 +222,7 @@ class Kernel:
     def __init__(self, func, name="kernel", handle=None):
         self.name = name
         self.func = func
-        h = getattr(func, "ptr", None) if handle is None else handle
+        h = _handle_of(func) if handle is None else handle
         self.handle = None if h is None else ctypes.c_void_p(int(h))
         if h is None:
             _STATE["nohandle"] = f"{name}: the CuPy function has no .ptr (CuPy launches it)"

@@ -54,6 +54,7 @@ struct PkShared {
   int si[PK_SMAX];
   u64 prefix;
   int need;
+  u64 wb[PK_NT / 32];
   u64 bad;
   int is_last;
   int nsurv;
@@ -107,6 +108,36 @@ DC_FN u64 pk_kth_largest(u64 v, int K, int top, PkShared& ps) {
   return prefix;
 }
 
+/* Descending bitonic sort of one u64 per lane of a warp: lane j gets the
+ * j-th largest (0-based). */
+DC_FN u64 pk_warp_sort_desc(u64 v) {
+  const int lane = threadIdx.x & 31;
+  for (int k = 2; k <= 32; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+      /* in a descending run (lane & k) == 0 the lower lane keeps the larger */
+      const bool lower = (lane & j) == 0;
+      const bool desc = (lane & k) == 0;
+      const bool keep_max = lower == desc;
+      v = keep_max ? (o > v ? o : v) : (o < v ? o : v);
+    }
+  }
+  return v;
+}
+
+/* min over the block's warps of the warp's j-th largest value (1 <= j <= 32) */
+DC_FN u64 pk_bound(u64 v, int j, PkShared& ps) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const u64 s = pk_warp_sort_desc(v);
+  if (lane == j - 1) ps.wb[w] = s;
+  __syncthreads();
+  u64 t = ~0ull;
+#pragma unroll
+  for (int i = 0; i < PK_NT / 32; ++i) { const u64 x = ps.wb[i]; t = x < t ? x : t; }
+  __syncthreads();
+  return t;
+}
+
 /* The K best of n elements (index i in [0, n), thread t owns i = t + j *
  * PK_NT) by (exact key desc, id asc); emits out(rank, key, id) for rank <
  * min(K, n).  coarse(i): a key (u64 < 2**(ctop + 8)) in the same strict
@@ -125,9 +156,12 @@ DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, 
   }
   PK_STAMP(1);
   const int kk = K < n ? K : n;
-  /* t: at least kk elements have coarse >= t, so the kk best all do;
-   * t == 0 only when fewer than kk threads own elements (every key is > 0) */
-  const u64 t = pk_kth_largest(m1, kk, ctop, ps);
+  /* t: at least kk elements have coarse >= t, so the kk best all do.  Each
+   * warp sorts its 32 maxima (shuffles only); with j = ceil(kk / 16) every
+   * warp has >= j maxima >= its j-th largest, so t = the minimum over the 16
+   * warps of their j-th largest has >= 16 j >= kk elements above it.  t == 0
+   * when a warp owns fewer than j elements (every real key is > 0). */
+  const u64 t = pk_bound(m1, (kk + PK_NT / 32 - 1) / (PK_NT / 32), ps);
   PK_STAMP(2);
   /* survivors: coarse >= t.  A thread whose second largest is < t has at
    * most one, its maximum (index i1): no rescan. */
@@ -156,14 +190,21 @@ DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, 
   }
   __syncthreads();
   PK_STAMP(3);
-  for (int a = tid; a < S; a += PK_NT) {
-    const u64 ka = ps.sk[a]; const int ia = ps.si[a];
+  /* rank counting, G lanes per survivor (G a power of two <= 32: aligned groups) */
+  int G = 1;
+  while (G < 32 && 2 * G * S <= PK_NT) G <<= 1;
+  for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
+    const int a = a0 + tid / G, part = tid & (G - 1);
+    const bool live = a < S;
+    const u64 ka = live ? ps.sk[a] : 0; const int ia = live ? ps.si[a] : 0;
     int rank = 0;
-    for (int b = 0; b < S; ++b) {
-      const u64 kb = ps.sk[b];
-      rank += kb > ka || (kb == ka && ps.si[b] < ia);
-    }
-    if (rank < kk) out(rank, ka, ia, ps.sc[a]);
+    if (live)
+      for (int b = part; b < S; b += G) {
+        const u64 kb = ps.sk[b];
+        rank += kb > ka || (kb == ka && ps.si[b] < ia);
+      }
+    for (int o = 1; o < G; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (live && part == 0 && rank < kk) out(rank, ka, ia, ps.sc[a]);
   }
   __syncthreads();
 }
@@ -208,7 +249,9 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
       const float f = el(i);
       int bad; u64 k;
       if (fast) {
-        bad = (f != f || f == __int_as_float(0x7F800000)) ? dy_logit_status((double)f) : 0;
+        /* NaN / +inf by bits (no f32 compares: see dc_f2d) */
+        const u32 fb = __float_as_uint(f);
+        bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
         k = pk_fkey(f);
       } else {
         k = rank_key(f, bias, bdt, boff + lo + i, T, logits, &bad);
