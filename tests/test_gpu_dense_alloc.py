@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 VS = [1, 2, 111, 4097, 32000, 129280]
 BS = [1, 3, 64]
-KINDS = ["equal", "two", "huge_tiny", "zeros", "random", "equal_zeros"]
+KINDS = ["equal", "two", "huge_tiny", "zeros", "random", "equal_zeros", "near"]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,10 @@ def _probs(rng, b, v, kind):
         x = np.full((b, v), 1e-9, dtype=np.float32)
         x[:, rng.integers(0, v)] = 1.0
         x[:, rng.random(v) < 0.1] = 0
+    elif kind == "near":  # one bin holding many elements with a few distinct remainders
+        k = rng.integers(0, 4, size=(b, v)).astype(np.float32)
+        x = (np.float32(2.0 ** -20) * (np.float32(1) + k * np.float32(2.0 ** -18))).astype(np.float32)
+        x[:, 0] = 1.0
     elif kind == "zeros":
         x = rng.random((b, v)).astype(np.float32)
         x[:, rng.random(v) < 0.7] = 0
@@ -74,6 +78,10 @@ def _logits(rng, b, v, kind):
     elif kind == "huge_tiny":
         x = np.full((b, v), -20.0, dtype=np.float32)
         x[:, rng.integers(0, v)] = 10.0
+    elif kind == "near":
+        k = rng.integers(0, 4, size=(b, v)).astype(np.float32)
+        x = (np.float32(-14.0) + k * np.float32(2.0 ** -16)).astype(np.float32)
+        x[:, 0] = 0.0
     elif kind == "zeros":
         x = rng.standard_normal((b, v)).astype(np.float32)
         x[:, rng.random(v) < 0.7] = -np.inf
@@ -105,7 +113,7 @@ def test_dense_adversarial(cuda, v, b, logits):
 def test_dense_equal_bin_sizes(cuda, v):
     """Every remainder equal: boundary bin of v elements (rank / two-step / fallback)."""
     rng = np.random.default_rng(v)
-    for kind in ("equal", "equal_zeros", "two"):
+    for kind in ("equal", "equal_zeros", "two", "near"):
         x = _probs(rng, 3, v, kind)
         _eq(dyadic.allocate(x, backend=cuda).counts, dyadic.allocate(x, backend="cpu").counts)
         z = _logits(rng, 3, v, kind)

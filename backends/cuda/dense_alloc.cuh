@@ -8,15 +8,19 @@
  * benchmark shape and mostly stays in L2); there is no [B, V] scratch.
  * Per-row state `st` (DA_RS u64 words) is ZERO between calls: the blocks only
  * add / max into it and the last block of da_mark zeroes it (da_floor's last
- * block zeroes the histogram).  No memset, no host sync, graph-replayable.
+ * block zeroes the coarse histogram).  No memset, no host sync, graph-replayable.
  *
  *   da_max:   row max key (atomicMax), first bad element (atomicMax of ~packed)
  *   da_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd)
  *   da_floor: q_v = floor(2^24 w_v / S), r_v = 2^24 w_v - q_v S; sum of q_v;
- *             histogram of the digit d_v = r_v >> dlo (DA_NB bins); the last
- *             block of the row (atomic counter after __threadfence) computes
- *             remaining = 2^24 - sum q, the status, and the boundary bin
- *             `bin` with need2 = how many of that bin are still to be taken
+ *             histogram of the digit d_v = r_v >> dlo (DA_NB = 2048 bins) in
+ *             shared memory; the tile's fine histogram is stored (plain
+ *             stores, fine[row][tile]), its 256 coarse bins (d >> 3) are added
+ *             to the row's global coarse histogram (atomics).  The last block
+ *             of the row (atomic counter after __threadfence) computes
+ *             remaining = 2^24 - sum q, the status, the coarse boundary bin,
+ *             then sums that bin's 8 fine bins over the tiles: the boundary
+ *             bin `bin` and need2 = how many of it are still to be taken
  *   da_mark:  counts_v = q_v + [d_v > bin] (+[d_v == bin] when the whole bin
  *             is taken); the elements of the bin are appended (atomic slot,
  *             warp-aggregated) as (r_v - bin 2^dlo, v) to a per-row candidate
@@ -39,12 +43,15 @@
  *    C <= DA_RANK: rank counting (rank = #{better by (r desc, id asc)});
  *    C <= DA_CAP:  radix select on r (block_select), then the need_eq lowest
  *                  ids among the r == tau ones (block_select on ~id: distinct);
- *    C >  DA_CAP:  fallback, decided on the device: the last block alone runs
- *                  block_select over the whole row with key (d == bin ?
- *                  r - bin 2^dlo + 1 : 0) recomputed from x, index = id, so its
- *                  ties-to-lowest-index rule is the ties-to-lowest-id rule.
- *                  Slow (one block per row) but exact; reached only when one
- *                  bin of 2048 holds > 2048 elements (e.g. many equal weights).
+ *    C >  DA_CAP:  fallback, decided on the device (da_fallback): the last
+ *                  block alone sweeps the row, recomputing r from x.  When
+ *                  every r of the bin is equal (min == max, gathered by
+ *                  da_mark: equal or two-valued weights) the need2 lowest ids
+ *                  of the bin (block_select's tie pass, two sweeps); else
+ *                  block_select with key (d == bin ? r - bin 2^dlo + 1 : 0),
+ *                  index = id, so its ties-to-lowest-index rule is the
+ *                  ties-to-lowest-id rule (up to ~9 sweeps).  Slow (one block
+ *                  per row) but exact; reached only when one bin holds > 2048.
  *
  * Division: see da_div (binary64 estimate in {q, q + 1}, one exact integer
  * correction; the hardware division for S >= 2^62).
@@ -56,7 +63,7 @@
 #define DA_NC 256 /* coarse bins: d >> 3 */
 #define DA_RS (16 + DA_NC / 2)
 enum { DA_MK = 0, DA_BAD, DA_ARG, DA_S, DA_SB, DA_C1, DA_C2, DA_SLOT, DA_KIND, DA_REM, DA_BIN,
-       DA_NEED, DA_CNT, DA_CODE };
+       DA_NEED, DA_CNT, DA_CODE, DA_RMAX, DA_RMINI /* ~min */ };
 /* kinds (set by da_floor's last block; 0: the row was not run there) */
 enum { DA_K_ERR = 1, DA_K_FLOOR, DA_K_ALL, DA_K_CAND, DA_K_FALL };
 
@@ -271,6 +278,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
   if (greedy) return;  /* row-uniform: no block of the row counts in */
   const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
   const DaRow R = da_row(st, logits);
+  if (R.S == 0) return;  /* unreachable (the max has weight >= 2^15); da_mark fails closed */
   const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
   const bool hist = policy == 0;
   for (int j = tid; j < DA_NB; j += 256) hs[j] = 0;
@@ -312,8 +320,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
   /* ---- last block of the row ---- */
   const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DA_SB]);
   int kind, code = 0;
-  if (R.S == 0) { kind = DA_K_ERR; code = DY_ST_X_ZERO_MASS; }
-  else if (remaining < 0 || remaining >= (i64)DY_TOTAL) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
   else if (remaining == 0 || !hist) kind = DA_K_FLOOR;
   else kind = DA_K_CAND;
   if (kind == DA_K_CAND) {
@@ -386,6 +393,43 @@ DC_FN void da_pick(GK kr, GI kid, int n, int need, int dlo, u32* crow, DcShared&
   }
 }
 
+/* The last block of a row whose boundary bin holds more than DA_CAP elements
+ * (noinline: its registers do not weigh on da_mark's main loop). */
+static __device__ __noinline__ void da_fallback(
+    const void* x, int xdt, const void* bias, int bdt, i64 boff, double T, int logits, int V,
+    i64 xoff, DaRow R, u32 bin, int need, bool same, u32* crow, DcShared& sh) {
+  const int tid = threadIdx.x;
+  const u64 rbase = (u64)bin << R.dlo;
+  /* one block over the row; key recomputed from x; index order = id order.
+   * Every r of the bin equal (equal / two-valued weights): the need lowest ids
+   * of the bin, by block_select's tie pass alone (top < 0: no digit pass;
+   * bin elements have key 0 == prefix, cutoff = the need-th of them by id).
+   * Else key = r - bin 2^dlo + 1 for the bin's elements, 0 for the others. */
+  da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+    auto rof = [&](int i) -> u64 {
+      u64 r;
+      da_div(R, W(load_f(x, xdt, xoff + i), i), &r);
+      return r;
+    };
+    if (same) {
+      auto kz = [&](int i) -> u64 { return (u32)(rof(i) >> R.dlo) == bin ? 0ull : 1ull; };
+      const DcSel s = block_select(kz, V, need, sh, -8);
+      for (int i = tid; i <= s.cutoff; i += 256)
+        if (kz(i) == 0) crow[i] = __ldcg(&crow[i]) + 1u;
+    } else {
+      auto kf = [&](int i) -> u64 {
+        const u64 r = rof(i);
+        return (u32)(r >> R.dlo) == bin ? r - rbase + 1 : 0ull;
+      };
+      const DcSel s = block_select(kf, V, need, sh, (R.dlo / 8) * 8);
+      for (int i = tid; i < V; i += 256) {
+        const u64 k = kf(i);
+        if (k && sel_has(s, k, i)) crow[i] = __ldcg(&crow[i]) + 1u;
+      }
+    }
+  });
+}
+
 extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state,
@@ -407,6 +451,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
   if (!code && kind == DA_K_ERR) code = (int)st[DA_CODE];
   const int argmax = (int)~st[DA_ARG];
   const DaRow R = da_row(st, logits);
+  if (!code && !greedy && (kind < DA_K_ERR || kind > DA_K_FALL))  /* da_floor did not run: unreachable */
+    code = R.S == 0 ? DY_ST_X_ZERO_MASS : DY_ST_ALLOC_INCONSISTENT;
   const u32 bin = (u32)st[DA_BIN];
   const u64 rbase = (u64)bin << R.dlo;
   if (code || greedy) {  /* fail closed (zeros) or one-hot argmax: no reads of x */
@@ -417,7 +463,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
      * CAND / FALL: q + [d > bin], CAND appends the bin's elements */
     const u32 thr = kind == DA_K_FLOOR ? 0xFFFFFFFFu : (kind == DA_K_ALL ? bin : bin + 1);
     const u32 radd = kind == DA_K_FLOOR ? (u32)st[DA_REM] : 0u;
-    const bool cand = kind == DA_K_CAND;
+    const bool cand = kind == DA_K_CAND, fall = kind == DA_K_FALL;
+    u64 rmax = 0, rmin = ~0ull;  /* FALL: the range of r over the bin's elements */
     da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
       da_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
         constexpr int n = decltype(NN)::n;
@@ -429,6 +476,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
           const u32 q = da_div(R, W(xs[e], v), &r);
           const u32 d = (u32)(r >> R.dlo);
           c[e] = q + (d >= thr ? 1u : 0u) + (v == argmax ? radd : 0u);
+          if (fall && ok && d == bin) { rmax = r > rmax ? r : rmax; rmin = r < rmin ? r : rmin; }
           if (cand) {  /* warp-uniform */
             const bool is = ok && d == bin;
             const unsigned bal = __ballot_sync(0xffffffffu, is);
@@ -453,6 +501,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
         }
       });
     });
+    if (fall) {  /* block-uniform */
+      rmax = block_reduce64(rmax, 1, sh);
+      rmin = block_reduce64(rmin, 2, sh);
+      if (tid == 0) { atomicMax(&st[DA_RMAX], rmax); atomicMax(&st[DA_RMINI], ~rmin); }
+    }
   }
   if (!da_last(st, DA_C2)) return;
   /* ---- last block of the row: the bin's +1, status, state reset ---- */
@@ -464,20 +517,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
     da_pick([&](int i) { return skr[i]; }, [&](int i) { return skid[i]; }, C, (int)st[DA_NEED],
             R.dlo, crow, sh);
   } else if (!code && !greedy && kind == DA_K_FALL) {
-    /* one block over the row; key recomputed from x; index order = id order */
-    const int need = (int)st[DA_NEED];
-    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-      auto kf = [&](int i) -> u64 {
-        u64 r;
-        da_div(R, W(load_f(x, xdt, xoff + i), i), &r);
-        return (u32)(r >> R.dlo) == bin ? r - rbase + 1 : 0ull;
-      };
-      const DcSel s = block_select(kf, V, need, sh, (R.dlo / 8) * 8);
-      for (int i = tid; i < V; i += 256) {
-        const u64 k = kf(i);
-        if (k && sel_has(s, k, i)) crow[i] = __ldcg(&crow[i]) + 1u;
-      }
-    });
+    da_fallback(x, xdt, bias, bdt, boff, T, logits, V, xoff, R, bin, (int)st[DA_NEED],
+                __ldcg(&st[DA_RMAX]) == ~__ldcg(&st[DA_RMINI]), crow, sh);
   }
   __syncthreads();
   if (tid < 16) st[tid] = 0;
