@@ -111,17 +111,21 @@ def main():
         # rank-counting propose without the staged last block
         from dyadic.backends.cuda import cupy_backend as _cb
         for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
-                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", False, prop)):
+                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", False, prop),
+                                    ("propose_top32_bf16_CHUNK4096", "_PK_CHUNK", 4096, prop),
+                                    ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)
             setattr(_cb, attr, val)
+            _cb._PLANS.clear()
             try:
                 r[name] = round(graph_time(fn), 1)
             except Exception as e:  # noqa: BLE001
                 r[name] = f"error: {type(e).__name__}: {e}"[:120]
             finally:
                 setattr(_cb, attr, prev)
+                _cb._PLANS.clear()
         r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)

@@ -80,6 +80,8 @@ _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
 # DYADIC_CUDA_PK=0 falls back to dc_topk (A/B runs).
 _PK_KMAX = 32
 _PK_NT = 512
+_PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
+_PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the tile length
 _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "1") == "1"
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
@@ -432,7 +434,8 @@ class CupyBackend:
             kptrs, kfmt = _keys(call, *keys, batch)
         else:
             kptrs, kfmt = [np.uint64(0)] * 4, 0
-        if top_k and int(top_k) <= _PK_KMAX and _PK_MODE:
+        if (top_k and int(top_k) <= _PK_KMAX and _PK_MODE
+                and -(-v // (_PK_NT * _PK_EPT)) * int(top_k) <= _PK_NT * _PK_EPT):
             self._topk_fast(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
                             tokens, counts, ids, status)
         elif top_k:
@@ -476,13 +479,21 @@ class CupyBackend:
 
     def _topk_fast(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
                    counts, ids, status):
-        """top_k <= 32: pk_topk (propose_fast.cuh), one launch, grid (R, B)."""
+        """top_k <= 32: pk_topk (propose_fast.cuh), one launch, grid (R, B).
+
+        Tile (ids per block) 1024, 2048 or 4096 (PK_NT * PK_EPT at most): the
+        smallest whose B * R fits ~2 blocks per SM, else 4096; R * K candidates
+        (<= PK_NT * PK_EPT) go to the last block of the row."""
         pk = ("pk", _device_id(), batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
-            want = max(1, -(-2 * _num_sms() // batch))
-            r = max(1, min(want, (2 * _PK_NT) // k, -(-v // _PK_NT)))
-            chunk = -(-v // r)
+            chunk = _PK_CHUNK
+            if not chunk:
+                chunk = _PK_NT * _PK_EPT
+                for c in (1024, 2048):
+                    if batch * -(-v // c) <= 2 * _num_sms() and -(-v // c) * k <= _PK_NT * _PK_EPT:
+                        chunk = c
+                        break
             r = -(-v // chunk)
             plan = (np.int32(r), np.int32(chunk), r,
                     scratch("pk_cand_key", 8 * batch * r * k),

@@ -37,6 +37,7 @@
 #define PK_NT 512
 #define PK_SMAX 1024
 #define PK_KMAX 32
+#define PK_EPT 8  /* elements per thread: a block takes PK_NT * PK_EPT ids */
 
 /* -DDC_PROF: %globaltimer stamps of row 0 (block 0, then the last block) in dc_prof */
 #ifdef DC_PROF
@@ -65,47 +66,6 @@ DC_FN u32 pk_fkey(float f) {
   u32 u = __float_as_uint(f);
   if (u == 0x80000000u) u = 0;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* The exact K-th largest of one value per thread (values < 2**(top + 8)).
- * Histogram passes over 8-bit digits; counts aggregated per warp with
- * __match_any_sync (one shared atomic per distinct digit and warp). */
-DC_FN u64 pk_kth_largest(u64 v, int K, int top, PkShared& ps) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  u64 prefix = 0, mask = 0;
-  int need = K;
-  for (int shift = top; shift >= 0; shift -= 8) {
-    for (int b = tid; b < 256; b += blockDim.x) ps.hist[b] = 0;
-    __syncthreads();
-    const bool in = (v & mask) == prefix;
-    const u32 d = (u32)(v >> shift) & 255u;
-    const unsigned peers = __match_any_sync(0xffffffffu, in ? d : 0x100u + 0u);
-    if (in && lane == __ffs(peers) - 1) atomicAdd(&ps.hist[d], (u32)__popc(peers));
-    __syncthreads();
-    if (tid < 32) {
-      u32 c[8]; u32 sl = 0;
-      for (int j = 0; j < 8; ++j) { c[j] = ps.hist[255 - 8 * lane - j]; sl += c[j]; }
-      u32 inc = sl;
-      for (int o = 1; o < 32; o <<= 1) { u32 t = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += t; }
-      const u32 exc = inc - sl;
-      if (exc < (u32)need && (u32)need <= inc) {
-        u32 cum = exc;
-        for (int j = 0; j < 8; ++j) {
-          if (cum + c[j] >= (u32)need) {
-            ps.prefix = prefix | ((u64)(255 - 8 * lane - j) << shift);
-            ps.need = need - (int)cum;
-            break;
-          }
-          cum += c[j];
-        }
-      }
-    }
-    __syncthreads();
-    prefix = ps.prefix; need = ps.need;
-    mask |= (u64)0xFF << shift;
-    __syncthreads();
-  }
-  return prefix;
 }
 
 /* Descending bitonic sort of one u64 per lane of a warp: lane j gets the
@@ -138,21 +98,25 @@ DC_FN u64 pk_bound(u64 v, int j, PkShared& ps) {
   return t;
 }
 
-/* The K best of n elements (index i in [0, n), thread t owns i = t + j *
- * PK_NT) by (exact key desc, id asc); emits out(rank, key, id) for rank <
- * min(K, n).  coarse(i): a key (u64 < 2**(ctop + 8)) in the same strict
- * order as exact(i) (equal iff equal); id(i): the id of element i.  Ids must
- * increase with i among equal keys (see the header comment). */
-template <class C, class E, class I, class OUT>
-DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, OUT out,
-                     PkShared& ps, DcShared& sh, int pk_prof) {
+/* The K best of the block's elements by (exact key desc, id asc); emits
+ * out(rank, key, id, coarse) for rank < min(K, n).  Element q of thread t is
+ * index i = q * PK_NT + t (valid when i < n), its coarse key c[q] (held in
+ * registers: no reloads) is in the same strict order as its exact key
+ * exact(q) (equal iff equal); id(q) its id.  Ids increase with the index i
+ * among equal keys.  at(i) / id_at(i): exact key and id by index, used only
+ * by the fallback (more than PK_SMAX survivors). */
+template <class E, class I, class EA, class IA, class OUT>
+DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, IA id_at, int n, int K, int etop,
+                     OUT out, PkShared& ps, DcShared& sh, int pk_prof) {
   const int tid = threadIdx.x;
   /* the thread's largest coarse key (first index) and its second largest */
-  u64 m1 = 0, m2 = 0; int i1 = -1;
-#pragma unroll 8
-  for (int i = tid; i < n; i += PK_NT) {
-    const u64 c = coarse(i);
-    if (c > m1) { m2 = m1; m1 = c; i1 = i; } else if (c > m2) m2 = c;
+  u64 m1 = 0, m2 = 0; bool any = false;
+#pragma unroll
+  for (int q = 0; q < PK_EPT; ++q) {
+    const bool in = q * PK_NT + tid < n;
+    const u64 v = in ? c[q] : 0;
+    any |= in;
+    if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) m2 = v;
   }
   PK_STAMP(1);
   const int kk = K < n ? K : n;
@@ -163,36 +127,35 @@ DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, 
    * when a warp owns fewer than j elements (every real key is > 0). */
   const u64 t = pk_bound(m1, (kk + PK_NT / 32 - 1) / (PK_NT / 32), ps);
   PK_STAMP(2);
-  /* survivors: coarse >= t.  A thread whose second largest is < t has at
-   * most one, its maximum (index i1): no rescan. */
-  const bool one = i1 >= 0 && m1 >= t;
-  const bool scan = one && m2 >= t && m2 > 0;
-  int cnt = one ? 1 : 0;
-  if (scan) {
-    cnt = 0;
-    for (int i = tid; i < n; i += PK_NT) cnt += coarse(i) >= t;
+  /* survivors: coarse >= t (valid elements only) */
+  int cnt = 0;
+  if (any && m1 >= t) {
+    if (m2 >= t) {
+#pragma unroll
+      for (int q = 0; q < PK_EPT; ++q) cnt += q * PK_NT + tid < n && c[q] >= t;
+    } else {
+      cnt = 1;
+    }
   }
   int S; int pos = block_excl_scan(cnt, &S, sh);
   if (S <= PK_SMAX) {
-    if (scan) {
-      for (int i = tid; i < n; i += PK_NT) {
-        const u64 c = coarse(i);
-        if (c >= t) { ps.sk[pos] = exact(i); ps.sc[pos] = c; ps.si[pos] = id(i); ++pos; }
-      }
-    } else if (one) {
-      ps.sk[pos] = exact(i1); ps.sc[pos] = m1; ps.si[pos] = id(i1);
+    /* (m2 < t: exactly the maximum's element has coarse >= t) */
+    if (cnt) {
+#pragma unroll
+      for (int q = 0; q < PK_EPT; ++q)
+        if (q * PK_NT + tid < n && c[q] >= t) { ps.sk[pos] = exact(q); ps.sc[pos] = c[q]; ps.si[pos] = id(q); ++pos; }
     }
   } else {
-    DcSel s = block_select(exact, n, kk, sh, etop);
-    S = block_compact([&](int i) { return sel_has(s, exact(i), i); },
-                      [&](int i, int r) { ps.sk[r] = exact(i); ps.sc[r] = coarse(i); ps.si[r] = id(i); },
+    DcSel s = block_select(at, n, kk, sh, etop);
+    S = block_compact([&](int i) { return sel_has(s, at(i), i); },
+                      [&](int i, int r) { ps.sk[r] = at(i); ps.sc[r] = 0; ps.si[r] = id_at(i); },
                       n, sh);
   }
   __syncthreads();
   PK_STAMP(3);
   /* rank counting, G lanes per survivor (G a power of two <= 32: aligned groups) */
   int G = 1;
-  while (G < 32 && 2 * G * S <= PK_NT) G <<= 1;
+  while (G < 32 && G * 2 * S <= PK_NT) G <<= 1;
   for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
     const int a = a0 + tid / G, part = tid & (G - 1);
     const bool live = a < S;
@@ -209,7 +172,7 @@ DC_FN void pk_select(C coarse, E exact, I id, int n, int K, int ctop, int etop, 
   __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -231,7 +194,6 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
    * floats (relative gap >= 2**-24) round to distinct doubles; NaN / +inf
    * statuses then equal rank_key's.  Otherwise the exact keys. */
   const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;
-  const int ctop = fast || !logits ? 24 : 56;
   const int etop = logits ? 56 : 24;
   auto exact_x = [&](float xf, i64 v) -> u64 {  /* exact key of an element */
     int bad;
@@ -243,29 +205,39 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   u64* cc = cand_coarse + ((i64)row * R + r) * K;
   int* ci = cand_id + ((i64)row * R + r) * K;
   {
-    u64 mybad = NONE_BAD;  /* the thread's first bad id (ids increase per thread) */
-    auto el = [&](int i) { return load_f(x, xdt, xoff + lo + i); };
-    auto coarse = [&](int i) -> u64 {  /* called once per element: also validates */
-      const float f = el(i);
-      int bad; u64 k;
-      if (fast) {
-        /* NaN / +inf by bits (no f32 compares: see dc_f2d) */
-        const u32 fb = __float_as_uint(f);
-        bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
-        k = pk_fkey(f);
-      } else {
-        k = rank_key(f, bias, bdt, boff + lo + i, T, logits, &bad);
+    /* one batch of loads, then keys in registers */
+    float xf[PK_EPT];
+    u64 c[PK_EPT];
+#pragma unroll
+    for (int q = 0; q < PK_EPT; ++q) {
+      const int i = q * PK_NT + tid;
+      xf[q] = i < n ? load_f(x, xdt, xoff + lo + i) : __uint_as_float(0u);
+    }
+    u64 mybad = NONE_BAD;  /* the thread's first bad id (ids increase with q) */
+#pragma unroll
+    for (int q = 0; q < PK_EPT; ++q) {
+      const int i = q * PK_NT + tid;
+      int bad = 0; u64 k = 0;
+      if (i < n) {
+        if (fast) {  /* NaN / +inf by bits (no f32 compares: see dc_f2d) */
+          const u32 fb = __float_as_uint(xf[q]);
+          bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
+          k = pk_fkey(xf[q]);
+        } else {
+          k = rank_key(xf[q], bias, bdt, boff + lo + i, T, logits, &bad);
+        }
+        if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
       }
-      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
-      return k;
-    };
-    auto exact = [&](int i) -> u64 { return exact_x(el(i), lo + i); };
-    auto idf = [&](int i) { return lo + i; };
-    auto emit = [&](int rank, u64 k, int id, u64 c) { ck[rank] = k; cc[rank] = c; ci[rank] = id; };
-    pk_select(coarse, exact, idf, n, K, ctop, etop, emit, ps, sh, pk_prof);
-    for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
+      c[q] = k;
+    }
     if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
-    __syncthreads();
+    auto exact = [&](int q) -> u64 { return fast ? exact_x(xf[q], 0) : c[q]; };
+    auto idf = [&](int q) { return lo + q * PK_NT + tid; };
+    auto at = [&](int i) -> u64 { return exact_x(load_f(x, xdt, xoff + lo + i), lo + i); };
+    auto id_at = [&](int i) { return lo + i; };
+    auto emit = [&](int rank, u64 k, int id, u64 cv) { ck[rank] = k; cc[rank] = cv; ci[rank] = id; };
+    pk_select(c, exact, idf, at, id_at, n, K, etop, emit, ps, sh, pk_prof);
+    for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
   }
   const u64 bbad = ps.bad;
   if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
@@ -287,16 +259,26 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   b = block_reduce64(b, 2, sh);
   if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   {
-    const int N = R * K;
+    const int N = R * K;  /* <= PK_NT * PK_EPT (host) */
     const u64* rk = cand_key + (i64)row * N;
     const u64* rc = cand_coarse + (i64)row * N;
     const int* ri = cand_id + (i64)row * N;
     /* padding entries (keys 0, id -1) are never among the K best: V >= K real ones */
-    auto cexact = [&](int i) -> u64 { return __ldcg(&rk[i]); };
-    auto ccoarse = [&](int i) -> u64 { return __ldcg(&rc[i]); };
-    auto cid = [&](int i) { return __ldcg(&ri[i]); };
+    u64 c[PK_EPT], e[PK_EPT]; int idv[PK_EPT];
+#pragma unroll
+    for (int q = 0; q < PK_EPT; ++q) {
+      const int i = q * PK_NT + tid;
+      const bool in = i < N;
+      e[q] = in ? __ldcg(&rk[i]) : 0;
+      c[q] = in ? (fast ? __ldcg(&rc[i]) : e[q]) : 0;
+      idv[q] = in ? __ldcg(&ri[i]) : -1;
+    }
+    auto exact = [&](int q) -> u64 { return e[q]; };
+    auto idf = [&](int q) { return idv[q]; };
+    auto at = [&](int i) -> u64 { return __ldcg(&rk[i]); };
+    auto id_at = [&](int i) { return __ldcg(&ri[i]); };
     auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
-    pk_select(ccoarse, cexact, cid, N, K, ctop, etop, emit, ps, sh, pk_prof);
+    pk_select(c, exact, idf, at, id_at, N, K, etop, emit, ps, sh, pk_prof);
   }
   PK_STAMP(5);
   if (tid >= 32) return;
@@ -318,8 +300,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
     if (lane == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
     return;
   }
-  int pos = 0;  /* position in id order */
-  for (int i = 0; i < K; ++i) pos += __shfl_sync(0xffffffffu, id, i) < id;
+  /* position in id order (the loops over lanes are unrolled: independent shuffles) */
+  int pos = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pos += i < K && __shfl_sync(0xffffffffu, id, i) < id;
   const u64 w = act ? weight_of_key(key, mk, logits) : 0;
   const u64 S = warp_sum64(w);
   const u64 m = (u64)DY_TOTAL * w;
@@ -333,10 +317,11 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   if (remaining > 0) {
     if (policy == 0) {
       int rank = 0;
-      for (int i = 0; i < K; ++i) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
         const u64 ri = __shfl_sync(0xffffffffu, rem, i);
         const int pi = __shfl_sync(0xffffffffu, pos, i);
-        rank += ri > rem || (ri == rem && pi < pos);
+        rank += i < K && (ri > rem || (ri == rem && pi < pos));
       }
       if (act && rank < (int)remaining) c += 1;
     } else if (act && id == argmax) {
@@ -346,8 +331,9 @@ extern "C" __global__ void __launch_bounds__(PK_NT) pk_topk(
   /* nonzero entries in id order, then zeros / -1 */
   const bool nzj = act && c != 0;
   int outi = 0, nz = 0; u64 cum = 0;
-  for (int i = 0; i < K; ++i) {
-    const u64 cv = __shfl_sync(0xffffffffu, c, i);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const u64 cv = i < K ? __shfl_sync(0xffffffffu, c, i) : 0;
     const int pi = __shfl_sync(0xffffffffu, pos, i);
     nz += cv != 0;
     outi += cv != 0 && pi < pos;
