@@ -161,3 +161,22 @@ def test_propose_fast_bad_rows_fail_closed(cuda):
                             backend="cpu")
     np.testing.assert_array_equal(tok[good], np.asarray(t2))
     np.testing.assert_array_equal(out["counts"].cpu().numpy()[good], np.asarray(q2.counts))
+
+
+@pytest.mark.parametrize("chunk", [1024, 2048, 4096])
+@pytest.mark.parametrize("kind", ["random", "fewvals", "equal", "tail_spike"])
+def test_propose_fast_tiles(cuda, chunk, kind, monkeypatch):
+    """Every tile length: ties that overflow the survivor buffer hit the exact
+    fallback at 4096 ids per tile, the rank counting at 1024."""
+    from dyadic.backends.cuda import cupy_backend as cb
+    monkeypatch.setattr(cb, "_PK_CHUNK", chunk)
+    monkeypatch.setattr(cb, "_PLANS", {})
+    rng = np.random.default_rng(chunk)
+    b, v = 3, 129280
+    x = _rows(rng, kind, b, v)
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=rng.integers(0, 2**31, size=b))
+    for policy in ("standard", "floor-first"):
+        t1, q1 = dyadic.propose(x, keys, temperature=0.8, top_k=32, policy=policy, backend=cuda)
+        t2, q2 = dyadic.propose(x, keys, temperature=0.8, top_k=32, policy=policy, backend="cpu")
+        np.testing.assert_array_equal(np.asarray(t1), np.asarray(t2))
+        _same(q1, q2)

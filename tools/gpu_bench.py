@@ -112,8 +112,8 @@ def main():
         from dyadic.backends.cuda import cupy_backend as _cb
         for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
                                     ("propose_top32_bf16_DC_TOPK", "_PK_MODE", False, prop),
-                                    ("propose_top32_bf16_CHUNK4096", "_PK_CHUNK", 4096, prop),
-                                    ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop)):
+                                    ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop),
+                                    ("propose_top32_bf16_CHUNK1024", "_PK_CHUNK", 1024, prop)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)

@@ -481,19 +481,17 @@ class CupyBackend:
                    counts, ids, status):
         """top_k <= 32: pk_topk (propose_fast.cuh), one launch, grid (R, B).
 
-        Tile (ids per block) 1024, 2048 or 4096 (PK_NT * PK_EPT at most): the
-        smallest whose B * R fits ~2 blocks per SM, else 4096; R * K candidates
-        (<= PK_NT * PK_EPT) go to the last block of the row."""
+        Tile (ids per block) PK_NT * PK_EPT = 4096: on the H200 (2026-11-29,
+        V=129280, bf16) it beat 1024 and 2048 at B=1/4/64 (the per-block latency
+        chain, not bandwidth, dominates).  R * K candidates (<= PK_NT * PK_EPT)
+        go to the last block of the row.  DYADIC_CUDA_PK_CHUNK overrides the tile
+        (<= 4096; R * K must stay <= 4096)."""
         pk = ("pk", _device_id(), batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
-            chunk = _PK_CHUNK
-            if not chunk:
+            chunk = min(_PK_CHUNK or _PK_NT * _PK_EPT, _PK_NT * _PK_EPT)
+            if -(-v // chunk) * k > _PK_NT * _PK_EPT:
                 chunk = _PK_NT * _PK_EPT
-                for c in (1024, 2048):
-                    if batch * -(-v // c) <= 2 * _num_sms() and -(-v // c) * k <= _PK_NT * _PK_EPT:
-                        chunk = c
-                        break
             r = -(-v // chunk)
             plan = (np.int32(r), np.int32(chunk), r,
                     scratch("pk_cand_key", 8 * batch * r * k),

@@ -103,11 +103,11 @@ DC_FN u64 pk_bound(u64 v, int j, PkShared& ps) {
  * index i = q * PK_NT + t (valid when i < n), its coarse key c[q] (held in
  * registers: no reloads) is in the same strict order as its exact key
  * exact(q) (equal iff equal); id(q) its id.  Ids increase with the index i
- * among equal keys.  at(i) / id_at(i): exact key and id by index, used only
- * by the fallback (more than PK_SMAX survivors). */
-template <class E, class I, class EA, class IA, class OUT>
-DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, IA id_at, int n, int K, int etop,
-                     OUT out, PkShared& ps, DcShared& sh, int pk_prof) {
+ * among equal keys.  at(i) / coarse_at(i) / id_at(i): exact key, coarse key
+ * and id by index, used only by the fallback (more than PK_SMAX survivors). */
+template <class E, class I, class EA, class CA, class IA, class OUT>
+DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
+                     int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof) {
   const int tid = threadIdx.x;
   /* the thread's largest coarse key (first index) and its second largest */
   u64 m1 = 0, m2 = 0; bool any = false;
@@ -148,7 +148,7 @@ DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, IA id_at, int
   } else {
     DcSel s = block_select(at, n, kk, sh, etop);
     S = block_compact([&](int i) { return sel_has(s, at(i), i); },
-                      [&](int i, int r) { ps.sk[r] = at(i); ps.sc[r] = 0; ps.si[r] = id_at(i); },
+                      [&](int i, int r) { ps.sk[r] = at(i); ps.sc[r] = coarse_at(i); ps.si[r] = id_at(i); },
                       n, sh);
   }
   __syncthreads();
@@ -234,9 +234,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
     auto exact = [&](int q) -> u64 { return fast ? exact_x(xf[q], 0) : c[q]; };
     auto idf = [&](int q) { return lo + q * PK_NT + tid; };
     auto at = [&](int i) -> u64 { return exact_x(load_f(x, xdt, xoff + lo + i), lo + i); };
+    auto coarse_at = [&](int i) -> u64 { return fast ? (u64)pk_fkey(load_f(x, xdt, xoff + lo + i)) : at(i); };
     auto id_at = [&](int i) { return lo + i; };
     auto emit = [&](int rank, u64 k, int id, u64 cv) { ck[rank] = k; cc[rank] = cv; ci[rank] = id; };
-    pk_select(c, exact, idf, at, id_at, n, K, etop, emit, ps, sh, pk_prof);
+    pk_select(c, exact, idf, at, coarse_at, id_at, n, K, etop, emit, ps, sh, pk_prof);
     for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
   }
   const u64 bbad = ps.bad;
@@ -276,9 +277,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
     auto exact = [&](int q) -> u64 { return e[q]; };
     auto idf = [&](int q) { return idv[q]; };
     auto at = [&](int i) -> u64 { return __ldcg(&rk[i]); };
+    auto coarse_at = [&](int i) -> u64 { return fast ? __ldcg(&rc[i]) : __ldcg(&rk[i]); };
     auto id_at = [&](int i) { return __ldcg(&ri[i]); };
     auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
-    pk_select(c, exact, idf, at, id_at, N, K, etop, emit, ps, sh, pk_prof);
+    pk_select(c, exact, idf, at, coarse_at, id_at, N, K, etop, emit, ps, sh, pk_prof);
   }
   PK_STAMP(5);
   if (tid >= 32) return;
