@@ -8,8 +8,9 @@
 # benchmark first.
 set -o pipefail
 MODE=${1:-full}
-# STAGES: which stages run, in this order (default all)
-STAGES=${STAGES:-"build gb cuda cudaradix gbradix numba bench"}
+# STAGES: which stages run, in this order (default below; cudaradix / gbradix: the
+# legacy dc_topk A/B runs, on request)
+STAGES=${STAGES:-"build cuda numba fuzz gb host bench"}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -39,8 +40,9 @@ PY
   fi
   if has cuda; then stamp "cuda parity"
   python3 -c "from dyadic.backends.cuda import cupy_backend as c; print('launch mode:', c.launch_mode())" 2>&1 | tail -2
-  timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/test_gpu_parity.py tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
+  timeout ${CUDA_T:-240} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
+      tests/test_gpu_parity.py tests/test_gpu_topk_fast.py tests/test_gpu_verify_lazy.py \
+      tests/test_gpu_dense_alloc.py tests/test_launch_pack.py tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
   fi
   if has cudaradix; then stamp "cuda parity, radix top-k + CuPy launch path (DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split)"
@@ -55,8 +57,17 @@ PY
   fi
   if has numba; then stamp "numba parity"
   timeout ${NUMBA_T:-90} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/test_gpu_parity_numba.py 2>&1 | tail -${TAIL:-25}
+      tests/test_gpu_parity_numba.py tests/test_numba_compiled_core.py 2>&1 | tail -${TAIL:-25}
   echo "numba parity exit: $?"
+  fi
+  if has fuzz; then stamp "fuzz cpu,cuda,numba"
+  timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --backends cpu,cuda,numba --cases ${FUZZ_CASES:-300} \
+      --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz" 2>&1 | tail -12
+  echo "fuzz exit: $?"
+  fi
+  if has host && [ "$MODE" = full ]; then stamp "host overhead (eager, check=False)"
+  timeout ${HOST_T:-90} python3 tools/host_overhead.py --reps 1000 --out "$OUT" 2>&1 | tail -16
+  echo "host overhead exit: $?"
   fi
   if has bench && [ "$MODE" = full ]; then
     stamp "dyadic.bench"
