@@ -28,6 +28,18 @@ def cuda():
     return "cuda"
 
 
+@pytest.fixture(scope="module", params=["1", "2"], autouse=True)
+def pk_mode(request):
+    """Every case for both fast kernels: pk_topk ("1") and pk_topk2 ("2")."""
+    from dyadic.backends.cuda import cupy_backend as cb
+    prev = cb._PK_MODE
+    cb._PK_MODE = request.param
+    cb._PLANS.clear()
+    yield request.param
+    cb._PK_MODE = prev
+    cb._PLANS.clear()
+
+
 def _rows(rng, kind, b, v):
     if kind == "random":
         return (rng.standard_normal((b, v)) * 3).astype(np.float32)

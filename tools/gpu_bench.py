@@ -111,7 +111,8 @@ def main():
         # rank-counting propose without the staged last block
         from dyadic.backends.cuda import cupy_backend as _cb
         for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
-                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", False, prop),
+                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
+                                    ("propose_top32_bf16_PK2", "_PK_MODE", "2", prop),
                                     ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop),
                                     ("propose_top32_bf16_CHUNK1024", "_PK_CHUNK", 1024, prop)):
             if not hasattr(_cb, attr):
@@ -150,7 +151,7 @@ def main():
     from dyadic.backends.cuda import cupy_backend
     print("launch mode:", cupy_backend.launch_mode(), "| DYADIC_CUDA_TOPK =",
           os.environ.get("DYADIC_CUDA_TOPK", "(default)"), "| dense:", cupy_backend._DENSE_MODE,
-          "| pk_topk:", getattr(cupy_backend, "_PK_MODE", None), flush=True)
+          "| pk mode:", getattr(cupy_backend, "_PK_MODE", None), flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu_bench.json"), "w") as f:
         json.dump(rows, f, indent=1)

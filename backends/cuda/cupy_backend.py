@@ -82,7 +82,8 @@ _PK_KMAX = 32
 _PK_NT = 512
 _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
 _PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the tile length
-_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "1") == "1"
+_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "1")  # "0": dc_topk, "1": pk_topk, "2": pk_topk2
+_PK_CAP = 64  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
 
@@ -434,7 +435,7 @@ class CupyBackend:
             kptrs, kfmt = _keys(call, *keys, batch)
         else:
             kptrs, kfmt = [np.uint64(0)] * 4, 0
-        if (top_k and int(top_k) <= _PK_KMAX and _PK_MODE
+        if (top_k and int(top_k) <= _PK_KMAX and _PK_MODE in ("1", "2")
                 and -(-v // (_PK_NT * _PK_EPT)) * int(top_k) <= _PK_NT * _PK_EPT):
             self._topk_fast(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
                             tokens, counts, ids, status)
@@ -486,6 +487,10 @@ class CupyBackend:
         chain, not bandwidth, dominates).  R * K candidates (<= PK_NT * PK_EPT)
         go to the last block of the row.  DYADIC_CUDA_PK_CHUNK overrides the tile
         (<= 4096; R * K must stay <= 4096)."""
+        two = _PK_MODE == "2" and -(-v // (_PK_NT * _PK_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT
+        if two:
+            return self._topk_fast2(common, batch, v, k, policy, do_draw, kptrs, kfmt, call,
+                                    tokens, counts, ids, status)
         pk = ("pk", _device_id(), batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
@@ -502,6 +507,27 @@ class CupyBackend:
         r32, chunk32, r, ckey, ccoarse, cid, bbad, ctr, fn = plan
         args = common + (np.int32(k), r32, chunk32, np.int32(policy), np.int32(do_draw), *kptrs,
                          np.int32(kfmt), ckey, ccoarse, cid, bbad, ctr, call(tokens, True),
+                         call(counts, True), call(ids, True), call(status, True))
+        fn((r, batch), (_PK_NT,), args)
+
+    def _topk_fast2(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
+                    counts, ids, status):
+        """DYADIC_CUDA_PK=2: pk_topk2 (survivors written unranked; exact keys for the K
+        winners only), tile PK_NT * PK_EPT ids, R * PK_CAP candidate slots per row."""
+        pk = ("pk2", _device_id(), batch, v, k)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            chunk = _PK_NT * _PK_EPT
+            r = -(-v // chunk)
+            plan = (np.int32(r), np.int32(chunk), r,
+                    scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
+                    scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
+                    scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch),
+                    _kernel("pk_topk2"))
+            _PLANS[pk] = plan
+        r32, chunk32, r, ckey, cid, bbad, ctr, fn = plan
+        args = common + (np.int32(k), r32, chunk32, np.int32(policy), np.int32(do_draw), *kptrs,
+                         np.int32(kfmt), ckey, cid, bbad, ctr, call(tokens, True),
                          call(counts, True), call(ids, True), call(status, True))
         fn((r, batch), (_PK_NT,), args)
 

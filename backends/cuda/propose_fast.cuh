@@ -105,9 +105,10 @@ DC_FN u64 pk_bound(u64 v, int j, PkShared& ps) {
  * exact(q) (equal iff equal); id(q) its id.  Ids increase with the index i
  * among equal keys.  at(i) / coarse_at(i) / id_at(i): exact key, coarse key
  * and id by index, used only by the fallback (more than PK_SMAX survivors). */
-template <class E, class I, class EA, class CA, class IA, class OUT>
-DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
-                     int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof) {
+template <class E, class I, class EA, class CA, class IA, class OUT, class OUTD>
+DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
+                    int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
+                    int direct_cap, OUTD out_direct) {
   const int tid = threadIdx.x;
   /* the thread's largest coarse key (first index) and its second largest */
   u64 m1 = 0, m2 = 0; bool any = false;
@@ -138,6 +139,15 @@ DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at,
     }
   }
   int S; int pos = block_excl_scan(cnt, &S, sh);
+  if (S <= direct_cap) {
+    /* pk_topk2: the survivors unranked (slot order = thread order) */
+    if (cnt) {
+#pragma unroll
+      for (int q = 0; q < PK_EPT; ++q)
+        if (q * PK_NT + tid < n && c[q] >= t) out_direct(pos++, c[q], id(q));
+    }
+    return S;
+  }
   if (S <= PK_SMAX) {
     /* (m2 < t: exactly the maximum's element has coarse >= t) */
     if (cnt) {
@@ -170,6 +180,87 @@ DC_FN void pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at,
     if (live && part == 0 && rank < kk) out(rank, ka, ia, ps.sc[a]);
   }
   __syncthreads();
+  return -1;
+}
+
+/* The tail, one warp: lane j < K holds the support entry of rank j (exact key
+ * desc, id asc) as (key, id); lanes >= K hold (0, 0x7FFFFFFF).  Weights,
+ * floor, largest remainders (ties: lowest id) or floor-first, the nonzero
+ * entries in id order, the draw: the integer arithmetic of dc_topk. */
+DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int policy,
+                   int do_draw, const void* kseed, const void* kgen, const void* krnd,
+                   const void* kpos, int kfmt, int* tokens, u32* counts, int* ids, int* status) {
+  const int lane = threadIdx.x & 31;
+  const bool act = lane < K;
+  const u64 mk = __shfl_sync(0xffffffffu, key, 0);
+  const int argmax = __shfl_sync(0xffffffffu, id, 0);
+  const int W = K;
+  u32* crow = counts + (i64)row * W;
+  int* irow = ids + (i64)row * W;
+  if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) {
+    fail_sparse(row, W, DY_ST_X_ZERO_MASS, do_draw ? tokens : 0, counts, ids, status);
+    return;
+  }
+  if (greedy) {
+    for (int j = lane; j < W; j += 32) { crow[j] = j ? 0u : DY_TOTAL; irow[j] = j ? -1 : argmax; }
+    if (lane == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
+    return;
+  }
+  /* position in id order (the loops over lanes are unrolled: independent shuffles) */
+  int pos = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pos += i < K && __shfl_sync(0xffffffffu, id, i) < id;
+  const u64 w = act ? weight_of_key(key, mk, logits) : 0;
+  const u64 S = warp_sum64(w);
+  const u64 m = (u64)DY_TOTAL * w;
+  u64 c = m / S;
+  const u64 rem = m - c * S;
+  const i64 remaining = (i64)DY_TOTAL - (i64)warp_sum64(c);
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
+    fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status);
+    return;
+  }
+  if (remaining > 0) {
+    if (policy == 0) {
+      int rank = 0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const u64 ri = __shfl_sync(0xffffffffu, rem, i);
+        const int pi = __shfl_sync(0xffffffffu, pos, i);
+        rank += i < K && (ri > rem || (ri == rem && pi < pos));
+      }
+      if (act && rank < (int)remaining) c += 1;
+    } else if (act && id == argmax) {
+      c += (u64)remaining;
+    }
+  }
+  /* nonzero entries in id order, then zeros / -1 */
+  const bool nzj = act && c != 0;
+  int outi = 0, nz = 0; u64 cum = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const u64 cv = i < K ? __shfl_sync(0xffffffffu, c, i) : 0;
+    const int pi = __shfl_sync(0xffffffffu, pos, i);
+    nz += cv != 0;
+    outi += cv != 0 && pi < pos;
+    cum += pi <= pos ? cv : 0;
+  }
+  if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
+  for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
+  if (do_draw) {
+    const DcKey kk = load_key(kseed, kgen, krnd, kpos, kfmt, row);
+    const u32 x0 = key_ticket(kk);
+    /* the first entry in id order whose running count exceeds x0 */
+    const int hit = nzj && cum > (u64)x0 ? pos : 0x7FFFFFFF;
+    int best = hit, bid = id;
+    for (int o = 16; o; o >>= 1) {
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oid = __shfl_xor_sync(0xffffffffu, bid, o);
+      if (ob < best) { best = ob; bid = oid; }
+    }
+    if (lane == 0) tokens[row] = best == 0x7FFFFFFF ? -1 : bid;
+  }
+  if (lane == 0) status[row] = 0;
 }
 
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
@@ -237,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
     auto coarse_at = [&](int i) -> u64 { return fast ? (u64)pk_fkey(load_f(x, xdt, xoff + lo + i)) : at(i); };
     auto id_at = [&](int i) { return lo + i; };
     auto emit = [&](int rank, u64 k, int id, u64 cv) { ck[rank] = k; cc[rank] = cv; ci[rank] = id; };
-    pk_select(c, exact, idf, at, coarse_at, id_at, n, K, etop, emit, ps, sh, pk_prof);
+    pk_select(c, exact, idf, at, coarse_at, id_at, n, K, etop, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
     for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
   }
   const u64 bbad = ps.bad;
@@ -280,83 +371,155 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
     auto coarse_at = [&](int i) -> u64 { return fast ? __ldcg(&rc[i]) : __ldcg(&rk[i]); };
     auto id_at = [&](int i) { return __ldcg(&ri[i]); };
     auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
-    pk_select(c, exact, idf, at, coarse_at, id_at, N, K, etop, emit, ps, sh, pk_prof);
+    pk_select(c, exact, idf, at, coarse_at, id_at, N, K, etop, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
   }
   PK_STAMP(5);
   if (tid >= 32) return;
   /* ---- warp 0: lane j holds the support entry of rank j (j < K) ---- */
-  const int lane = tid;
-  const bool act = lane < K;
-  const u64 key = act ? ok[lane] : 0;
-  const int id = act ? oi[lane] : 0x7FFFFFFF;
-  const u64 mk = ok[0];
-  const int argmax = oi[0];
-  u32* crow = counts + (i64)row * W;
-  int* irow = ids + (i64)row * W;
-  if ((logits && mk == DC_KEY_NEG_INF) || (!logits && mk == 1)) {
-    fail_sparse(row, W, DY_ST_X_ZERO_MASS, do_draw ? tokens : 0, counts, ids, status);
-    return;
-  }
-  if (greedy) {
-    for (int j = lane; j < W; j += 32) { crow[j] = j ? 0u : DY_TOTAL; irow[j] = j ? -1 : argmax; }
-    if (lane == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
-    return;
-  }
-  /* position in id order (the loops over lanes are unrolled: independent shuffles) */
-  int pos = 0;
+  pk_tail(row, K, tid < K ? ok[tid] : 0, tid < K ? oi[tid] : 0x7FFFFFFF, logits, greedy, policy,
+          do_draw, kseed, kgen, krnd, kpos, kfmt, tokens, counts, ids, status);
+  PK_STAMP(6);
+}
+
+
+/* ------------------------------------------------------------------------
+ * pk_topk2 (DYADIC_CUDA_PK=2): the same selection with less work per block.
+ * Rows whose coarse key fits 32 bits (logits without bias in the fast T
+ * range, probabilities) never form exact keys in the tile phase: a block
+ * writes its survivors (coarse >= t, at most PK_CAP of them, unranked) with
+ * their coarse keys, else its K best by (coarse desc, id asc) (the coarse
+ * order IS the exact order, ties included).  The last block selects over
+ * composite keys (coarse << 32 | ~id), unique, so its order is (key desc, id
+ * asc) whatever the slot order, and forms the exact keys of the K winners
+ * only (one load of x per lane).  Rows with 64-bit keys (bias, T out of the
+ * fast range) rank in the tile as pk_topk does (slots in rank order).
+ * Candidate slots: [B][R][PK_CAP], padding (0, -1); R * PK_CAP <= PK_NT * PK_EPT. */
+#define PK_CAP 64
+
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status) {
+  __shared__ DcShared sh;
+  __shared__ PkShared ps;
+  __shared__ u64 ok[PK_KMAX];
+  __shared__ int oi[PK_KMAX];
+  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  int pk_prof = row == 0 && r == 0 ? 0 : -1;
+  PK_STAMP(0);
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V;
+  const i64 boff = bias_rows > 1 ? xoff : 0;
+  const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;  /* see pk_topk */
+  const bool narrow = fast || !logits;  /* coarse keys < 2**32 */
+  const int etop = narrow ? 24 : 56;
+  auto exact_x = [&](float xf, i64 v) -> u64 {
+    int bad;
+    return rank_key(xf, bias, bdt, boff + v, T, logits, &bad);
+  };
+  if (tid == 0) ps.bad = NONE_BAD;
+  const int lo = r * chunk, n = min(V, lo + chunk) - lo;
+  u64* ck = cand_key + ((i64)row * R + r) * PK_CAP;
+  int* ci = cand_id + ((i64)row * R + r) * PK_CAP;
+  {
+    float xf[PK_EPT];
+    u64 c[PK_EPT];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) pos += i < K && __shfl_sync(0xffffffffu, id, i) < id;
-  const u64 w = act ? weight_of_key(key, mk, logits) : 0;
-  const u64 S = warp_sum64(w);
-  const u64 m = (u64)DY_TOTAL * w;
-  u64 c = m / S;
-  const u64 rem = m - c * S;
-  const i64 remaining = (i64)DY_TOTAL - (i64)warp_sum64(c);
-  if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
-    fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status);
-    return;
-  }
-  if (remaining > 0) {
-    if (policy == 0) {
-      int rank = 0;
+    for (int q = 0; q < PK_EPT; ++q) {
+      const int i = q * PK_NT + tid;
+      xf[q] = i < n ? load_f(x, xdt, xoff + lo + i) : __uint_as_float(0u);
+    }
+    u64 mybad = NONE_BAD;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const u64 ri = __shfl_sync(0xffffffffu, rem, i);
-        const int pi = __shfl_sync(0xffffffffu, pos, i);
-        rank += i < K && (ri > rem || (ri == rem && pi < pos));
+    for (int q = 0; q < PK_EPT; ++q) {
+      const int i = q * PK_NT + tid;
+      int bad = 0; u64 k = 0;
+      if (i < n) {
+        if (fast) {
+          const u32 fb = __float_as_uint(xf[q]);
+          bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
+          k = pk_fkey(xf[q]);
+        } else {
+          k = rank_key(xf[q], bias, bdt, boff + lo + i, T, logits, &bad);
+        }
+        if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
       }
-      if (act && rank < (int)remaining) c += 1;
-    } else if (act && id == argmax) {
-      c += (u64)remaining;
+      c[q] = k;
     }
+    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+    /* selection in coarse space: coarse keys are the ranking keys here */
+    auto key = [&](int q) -> u64 { return c[q]; };
+    auto idf = [&](int q) { return lo + q * PK_NT + tid; };
+    auto at = [&](int i) -> u64 {
+      const float f = load_f(x, xdt, xoff + lo + i);
+      return fast ? (u64)pk_fkey(f) : exact_x(f, lo + i);
+    };
+    auto id_at = [&](int i) { return lo + i; };
+    auto emit = [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; };
+    auto emitd = [&](int slot, u64 k, int id) { ck[slot] = k; ci[slot] = id; };
+    const int S = pk_select(c, key, idf, at, at, id_at, n, K, etop, emit, ps, sh, pk_prof,
+                            narrow ? PK_CAP : -1, emitd);
+    const int used = S >= 0 ? S : min(K, n);
+    for (int j = used + tid; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
+    __syncthreads();
   }
-  /* nonzero entries in id order, then zeros / -1 */
-  const bool nzj = act && c != 0;
-  int outi = 0, nz = 0; u64 cum = 0;
+  const u64 bbad = ps.bad;
+  if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
+  PK_STAMP(4);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
+  __syncthreads();
+  if (!ps.is_last) return;
+  __threadfence();
+  if (tid == 0) counters[row] = 0;
+  pk_prof = row == 0 ? 16 : -1;
+  PK_STAMP(0);
+
+  /* ---- last block of the row ---- */
+  const int W = K;
+  u64 b = NONE_BAD;
+  for (int t = tid; t < R; t += PK_NT) { u64 w = __ldcg(&blk_bad[(i64)row * R + t]); b = w < b ? w : b; }
+  b = block_reduce64(b, 2, sh);
+  if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
+  {
+    const int N = R * PK_CAP;  /* <= PK_NT * PK_EPT (host) */
+    const u64* rk = cand_key + (i64)row * N;
+    const int* ri = cand_id + (i64)row * N;
+    /* narrow rows: composite keys (coarse << 32 | ~id), unique; padding (0, -1) -> 0.
+     * 64-bit rows: slots in rank order per tile, tiles in id order, so index order
+     * is id order among equal keys (the fallback's tie rule). */
+    auto comp = [&](u64 k, int id) -> u64 { return narrow ? (k << 32) | (u64)(~(u32)id) : k; };
+    u64 c[PK_EPT]; int idv[PK_EPT];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const u64 cv = i < K ? __shfl_sync(0xffffffffu, c, i) : 0;
-    const int pi = __shfl_sync(0xffffffffu, pos, i);
-    nz += cv != 0;
-    outi += cv != 0 && pi < pos;
-    cum += pi <= pos ? cv : 0;
-  }
-  if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
-  for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
-  if (do_draw) {
-    const DcKey kk = load_key(kseed, kgen, krnd, kpos, kfmt, row);
-    const u32 x0 = key_ticket(kk);
-    /* the first entry in id order whose running count exceeds x0 */
-    const int hit = nzj && cum > (u64)x0 ? pos : 0x7FFFFFFF;
-    int best = hit, bid = id;
-    for (int o = 16; o; o >>= 1) {
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oid = __shfl_xor_sync(0xffffffffu, bid, o);
-      if (ob < best) { best = ob; bid = oid; }
+    for (int q = 0; q < PK_EPT; ++q) {
+      const int i = q * PK_NT + tid;
+      const bool in = i < N;
+      const int id = in ? __ldcg(&ri[i]) : -1;
+      c[q] = in ? comp(__ldcg(&rk[i]), id) : 0;
+      idv[q] = id;
     }
-    if (lane == 0) tokens[row] = best == 0x7FFFFFFF ? -1 : bid;
+    auto key = [&](int q) -> u64 { return c[q]; };
+    auto idf = [&](int q) { return idv[q]; };
+    auto at = [&](int i) -> u64 { return comp(__ldcg(&rk[i]), __ldcg(&ri[i])); };
+    auto id_at = [&](int i) { return __ldcg(&ri[i]); };
+    auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
+    pk_select(c, key, idf, at, at, id_at, N, K, 56, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
   }
-  if (lane == 0) status[row] = 0;
+  PK_STAMP(5);
+  if (tid >= 32) return;
+  /* ---- warp 0: exact keys of the K winners, then the tail ---- */
+  const bool act = tid < K;
+  const int id = act ? oi[tid] : 0x7FFFFFFF;
+  u64 key = 0;
+  if (act) {
+    if (fast) key = exact_x(load_f(x, xdt, xoff + id), 0);
+    else key = narrow ? ok[tid] >> 32 : ok[tid];
+  }
+  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kseed, kgen, krnd, kpos, kfmt, tokens,
+          counts, ids, status);
   PK_STAMP(6);
 }
 
