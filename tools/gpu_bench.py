@@ -35,10 +35,13 @@ def graph_time(fn, reps=200):
     return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
 
 
-def eager_host(fn, reps=200):
-    fn(); torch.cuda.synchronize()
+def eager_host(fn, reps=300):
+    """Host time of one eager call, launch queue idle (synchronised before, untimed)."""
+    for _ in range(20):
+        fn()
     ts = []
     for _ in range(reps):
+        torch.cuda.synchronize()
         t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(ts)

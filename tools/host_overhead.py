@@ -7,7 +7,8 @@ python tools/host_overhead.py [--reps 2000] [--out DIR]
    (launch.MODE "driver") equals the same call launched by CuPy (MODE "cupy"), on
    random inputs, in one process.  Also a CUDA-graph capture + replay with the driver
    launcher against the eager result.
-2. Host time of one eager call (perf_counter around the call, no synchronisation; check
+2. Host time of one eager call (perf_counter around the call, the launch queue idle:
+   synchronised before each call, outside the timed region; check
    False, device keys, out=), median of --reps calls after warm-up, for both launch
    modes: propose top-32 bf16, verify k=5 dense, allocate top-32 f32; B = 1, 4, 64.
 3. cProfile top-20 of propose B=1 (driver mode).
@@ -167,11 +168,10 @@ def host_median(fn, reps):
     torch.cuda.synchronize()
     ts = []
     for _ in range(reps):
+        torch.cuda.synchronize()  # each call finds the launch queue idle (untimed)
         t0 = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t0) * 1e6)
-        if len(ts) % 256 == 0:
-            torch.cuda.synchronize()  # keep the launch queue short
     torch.cuda.synchronize()
     return statistics.median(ts)
 
