@@ -83,7 +83,7 @@ _PK_NT = 512
 _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
 _PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the tile length
 _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "1")  # "0": dc_topk, "1": pk_topk, "2": pk_topk2
-_PK_CAP = 64  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
+_PK_CAP = 128  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
 
