@@ -11,17 +11,18 @@
  * asc), where key is the exact ranking key of dc_topk (dy_order_key(z) for
  * logits, mag + 1 for probabilities), so the result equals dc_topk bit for
  * bit.  The selection (pk_select) never ranks all elements:
- *  1. each thread keeps the maximum "coarse key" of its elements.  The coarse
- *     key is in the same strict order as the exact key: for logits without
- *     bias and 2**-700 <= T <= 2**800 it is the float order key of x (x ->
- *     x / T is then strictly increasing, see pk_topk), otherwise it is the
- *     exact key itself;
- *  2. t = the exact K-th largest of the PK_NT per-thread maxima (radix select
- *     with warp-aggregated histogram counts); at least K elements have a
- *     coarse key >= t, so the K best all do;
- *  3. only threads whose maximum is >= t rescan their elements and compact
- *     the survivors (coarse >= t, with their exact keys) into shared memory;
- *     each survivor is ranked by counting (key desc, id asc) and the K best
+ *  1. each thread loads its PK_EPT elements in one batch and keeps their
+ *     "coarse keys" in registers, with its largest and second largest.  The
+ *     coarse key is in the same strict order as the exact key: for logits
+ *     without bias and 2**-700 <= T <= 2**800 it is the float order key of x
+ *     (x -> x / T is then strictly increasing, see pk_topk), otherwise it is
+ *     the exact key itself;
+ *  2. t = pk_bound: a value with at least K per-thread maxima >= t, from the
+ *     warps' bitonic-sorted maxima (no block-wide select); the K best all
+ *     have coarse >= t;
+ *  3. survivors (coarse >= t; a thread whose second largest is < t has at
+ *     most its maximum) are compacted into shared memory by a block scan and
+ *     ranked by counting (key desc, id asc), G lanes per survivor; the K best
  *     are written in rank order.  When more than PK_SMAX survive (masses of
  *     ties) the exact radix select of dyadic_cuda.cuh over all elements
  *     (ties: lowest index = lowest id) picks the K best instead.
