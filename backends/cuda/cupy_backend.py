@@ -1,9 +1,13 @@
 """backend="cuda": CUDA C kernels compiled at first use by NVRTC through CuPy.
 
-The kernels (``dyadic_kernels.cu``, ``dyadic_cuda.cuh``) are compiled with
-``--fmad=false`` and the shared exponential table of ``backends/include``;
+The kernels (``dyadic_kernels.cu`` and the headers it includes) are compiled
+with ``--fmad=false`` and the shared exponential table of ``backends/include``;
 every decision is integer arithmetic, so the results equal the reference bit
-for bit.  Modules and scratch buffers are cached per device.
+for bit.  CuPy appends ``-ftz=true`` to every NVRTC compile (cupy#9576), so
+the kernels use no float32 arithmetic, comparison or f32 -> f64 conversion
+(``dc_f2d`` widens by bits; found on the H200: subnormal logits were flushed).
+Modules and scratch buffers are cached per device.  Launches go through
+``cuLaunchKernel`` via ctypes (``launch.py``; DYADIC_CUDA_LAUNCH=cupy: CuPy).
 
 Arrays: every Protocol method takes NumPy arrays (copied to the device and
 back) or device arrays (torch CUDA tensors, CuPy arrays, anything with
@@ -13,12 +17,19 @@ current stream (``dyadic._device`` makes that the caller's stream).  Device
 arrays may have 4- or 8-byte integer words and length B or 1.
 
 Launch structure:
-- top-k allocate / propose: ONE launch, grid (ceil(V / 2048), B).  Each block
-  keeps its tile's best min(k, 2048) (value desc, id asc) by radix select;
-  the last block of a row (atomic counter after ``__threadfence``) merges
-  the candidates, allocates and draws.  No block waits for another.
-- dense allocate / propose: one block per row (block reductions, radix
-  select of the remainders); scratch u64 [B, V].
+- top-k allocate / propose, top_k <= 32: ONE launch of ``pk_topk``
+  (``propose_fast.cuh``; DYADIC_CUDA_PK=2: ``pk_topk2``, =0: ``dc_topk``),
+  grid (ceil(V / 4096), B): per-thread coarse keys in registers, a bound from
+  the warps' sorted maxima, survivors ranked; the last block of the row
+  (atomic counter after ``__threadfence``) merges the candidates and runs
+  the allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
+  (ceil(V / 2048), B), radix select / rank counting per tile, same merge
+  pattern.  No block waits for another.
+- dense allocate / propose: ``da_max``, ``da_sum``, ``da_floor``, ``da_mark``
+  (``dense_alloc.cuh``, grid (tiles, B), exact integer atomics into a per-row
+  state that the last block of ``da_mark`` zeroes, a remainder-digit
+  histogram and an exact boundary-bin resolution; DYADIC_CUDA_DENSE=mb / old:
+  the earlier paths), then ``dc_draw`` for propose.
 - verify, two launches: (1) partial sums per (row, tile) reading every target
   row once; the last block of each request (atomic counter) runs the totals,
   the status and the acceptance chain (``dy_accept``) in one warp.  (2) the
