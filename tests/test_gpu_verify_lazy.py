@@ -264,7 +264,7 @@ def test_lz_classify_c_equals_model(tmp_path):
 
 # ------------------------------------------------------------------ GPU side
 @pytest.fixture(scope="module")
-def cuda():
+def _cuda_dev():
     be, why = _load("cuda")
     if be is None:
         pytest.skip(why)
@@ -272,6 +272,16 @@ def cuda():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     return "cuda"
+
+
+@pytest.fixture(params=["", "v2"], ids=["lazy_default", "lazy_v2"])
+def cuda(request, _cuda_dev, monkeypatch):
+    """Every GPU test in both verify_lazy modes (cupy_backend._LAZY_MODE: dc_v2 or dc_vres2)."""
+    from dyadic.backends.cuda import cupy_backend as cb
+    monkeypatch.setattr(cb, "_LAZY_MODE", request.param)
+    cb._PLANS.clear()
+    yield _cuda_dev
+    cb._PLANS.clear()
 
 
 def _eq(a, b):

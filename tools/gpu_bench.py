@@ -117,7 +117,8 @@ def main():
                                     ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
                                     ("propose_top32_bf16_PK2", "_PK_MODE", "2", prop),
                                     ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop),
-                                    ("propose_top32_bf16_CHUNK1024", "_PK_CHUNK", 1024, prop)):
+                                    ("propose_top32_bf16_CHUNK1024", "_PK_CHUNK", 1024, prop),
+                                    ("verify_k5_dense_lazy_V2", "_LAZY_MODE", "v2", ver_lazy)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)

@@ -84,6 +84,9 @@ _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 # =mb: the multi-block dd_* kernels (H200 2026-11-29: parity 343 passed, allocate dense
 # f32 B=64 597 -> 261 us).  Default: the four da_* kernels (dense_alloc.cuh, _dense_da).
 _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da")
+# DYADIC_CUDA_LAZY=v2: verify_lazy's residual stage by dc_vres2 (verify_lazy2.cuh: 64-id chunk
+# sums, a one-warp search in the last block) instead of dc_v2.  NOT YET GPU-TESTED, off by default.
+_LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "")
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
@@ -735,6 +738,10 @@ class CupyBackend:
         qc, qi = call(q_counts), call(q_ids)
         a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
         dev = _device_id()
+        if _LAZY_MODE == "v2":
+            self._verify_lazy_v2(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev)
+            call.finish()
+            return
         pk = ("verify_lazy", dev, batch, k1, v)
         plan = _PLANS.get(pk)
         if plan is None:
@@ -763,3 +770,35 @@ class CupyBackend:
            (t, d, qc, qi, w32, k32, v32, nrt32, *kptrs, np.int32(kfmt), res_row, res_t, rpart,
             a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q)))
         call.finish()
+
+    def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
+        """DYADIC_CUDA_LAZY=v2: dc_vlazy + dc_vres2 (verify_lazy2.cuh)."""
+        k1 = k + 1
+        pk = ("verify_lazy_v2", dev, batch, k1, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            nsm = _num_sms()
+            vt = _tile_for(v, batch, nsm, 16384)
+            nt = (v + vt - 1) // vt
+            rt = _tile_for(v, batch, nsm, 8192)  # <= 8192: <= 128 chunks of 64 ids per tile
+            nrt = (v + rt - 1) // rt
+            nch = (v + 63) // 64
+            n = batch * k1 * nt
+            plan = (np.int32(vt), np.int32(nt), nt, np.int32(rt), np.int32(nrt), nrt,
+                    scratch("lz_part_lo", 8 * n), scratch("lz_part_hi", 8 * n),
+                    scratch("lz_part_bad", 4 * n), scratch("lz_res_row", 4 * batch),
+                    scratch("lz_res_T", 8 * batch), scratch("lz2_rpart", 16 * batch * nrt),
+                    scratch("lz2_rchunk", 16 * batch * nch), scratch("lz_cnt", 4 * batch),
+                    scratch("lz2_rcnt", 4 * batch), _kernel("dc_vlazy"), _kernel("dc_vres2"))
+            _PLANS[pk] = plan
+        (vt, nt32, nt, rt, nrt32, nrt, plo, phi, pbad, res_row, res_t, rpart, rchunk, cnt, rcnt,
+         ka, kb) = plan
+        vec_t = v % 4 == 0 and int(t) % 16 == 0
+        vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
+        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
+        ka((nt, batch), (256,),
+           (t, d, qc, qi, w32, k32, v32, nt32, *kptrs, np.int32(kfmt), plo, phi, pbad, res_row,
+            res_t, a, tk, st, cnt, vt, np.int32(vec_t)))
+        kb((nrt, batch), (256,),
+           (t, d, qc, qi, w32, k32, v32, nrt32, *kptrs, np.int32(kfmt), res_row, res_t, rpart,
+            rchunk, a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q)))

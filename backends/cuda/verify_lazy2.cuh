@@ -1,0 +1,311 @@
+/* ========================================================================
+ * verify, check="lazy", stage 2 variant (DYADIC_CUDA_LAZY=v2): dc_vres2, the
+ * residual (or bonus) draw of each request, in place of dc_v2.  Included at
+ * the end of dyadic_kernels.cu (uses dyadic_core.h, dyadic_cuda.cuh, ResRow /
+ * res_weight / dc_resid_thr of that file).
+ *
+ * Same sums and the same draw as dc_v2; only the search differs.  dc_v2's
+ * last block searches a whole tile (up to 8192 ids) with block_draw: per
+ * level every lane walks its segment with dependent loads, ~3 levels, one
+ * __syncthreads phase each.  dc_vres2 stores, besides the tile sums, the
+ * residual sum of every chunk of LR_CH = 64 ids (16 bytes per 64 ids, 1/32 of
+ * the row's bytes), so the last block needs one warp and no __syncthreads:
+ *   level 1: the tile sums (<= 8 per lane in registers per pass), total,
+ *            x = uniform_below_u128(total) (domain CORRECTION, position + i,
+ *            index 0: exactly dc_v2's draw), the tile holding x;
+ *   level 2: the chunk sums of that tile (<= 128: 4 per lane), the chunk;
+ *   level 3: the 64 ids of the chunk (2 per lane, res_weight as dc_v2's
+ *            block_draw), the first id whose running sum exceeds x.
+ * Exactness: every sum is exact integer arithmetic.  A chunk / tile sum is
+ * 2^24 * sum_sel P - T * sum_sel c (bonus row: sum P) with sel = {P > thr(c)}
+ * (= {R_v > 0}, as in dc_v2), u64 partial sums exact (subset sums of a valid
+ * row < 2^63, sums of counts < 2^64), the 128-bit value exact; so the tile
+ * sums equal dc_v2's and each chunk sum is the sum of res_weight over its ids.
+ * Hence x, the tile, the chunk and the id are those of dc_v2's block_draw (the
+ * first id whose running residual sum exceeds x).  Sparse q: the chunk sums
+ * in shared memory get dc_v2's support corrections (per support entry j with
+ * its id in the tile, by shared 64-bit atomics: sums mod 2^64, exact at the
+ * end) before they are written.  Point mass: c_v = 2^24 [v == d] inline.
+ * Graph replay: rcnt is reset by the last block; rpart / rchunk entries of a
+ * request are all rewritten by each launch before they are read.
+ * ====================================================================== */
+#define LR_CH 64   /* ids per chunk (tiles are multiples of 1024) */
+#define LR_CU 4    /* 16-byte loads in flight per thread and row */
+#define LR_SU 4    /* scalar path: chunks per warp and iteration */
+#define LR_PL 8    /* values per lane and pass in the warp search */
+#define LR_MAXCT 128 /* chunks per tile (rt <= 8192) */
+
+struct LrShared {
+  u64 sp[8], sc[8];
+  u64 csp[LR_MAXCT], csc[LR_MAXCT];
+  int is_last, nv;
+};
+
+DC_FN dy_u128 lr_ld(const u64* a, int j) {
+  const ulonglong2 v = __ldcg((const ulonglong2*)(a + 2 * (i64)j));
+  return dy_make128(v.y, v.x);
+}
+
+DC_FN void lr_st(u64* a, int j, dy_u128 r) {
+  *(ulonglong2*)(a + 2 * (i64)j) = make_ulonglong2(r.lo, r.hi);
+}
+
+/* The residual sum of a set of ids from its (sum_sel P, sum_sel c). */
+DC_FN dy_u128 lr_val(u64 sp, u64 sc, u64 T, bool bonus) {
+  return bonus ? dy_from64(sp)
+               : dy_sub128(dy_make128(sp >> (64 - DY_TOTAL_BITS), sp << DY_TOTAL_BITS), dy_mul64(sc, T));
+}
+
+DC_FN void lr_elem(u32 bits, u64 c, u64 th, u64 tl, u64& sp, u64& sc) {
+  const u64 P = dy_target_fixed_fast(bits);
+  const u64 m = (u64)0 - (u64)(P > dc_resid_thr(c, th, tl));
+  sp += P & m; sc += c & m;
+}
+
+DC_FN dy_u128 lr_shfl(dy_u128 v, int src) {
+  return dy_make128(__shfl_sync(0xffffffffu, v.hi, src), __shfl_sync(0xffffffffu, v.lo, src));
+}
+
+DC_FN dy_u128 lr_scan(dy_u128 v) {  /* warp inclusive scan */
+  const int lane = threadIdx.x & 31;
+  for (int o = 1; o < 32; o <<= 1) {
+    const dy_u128 u = dy_make128(__shfl_up_sync(0xffffffffu, v.hi, o), __shfl_up_sync(0xffffffffu, v.lo, o));
+    if (lane >= o) v = dy_add128(v, u);
+  }
+  return v;
+}
+
+/* One warp: j in [0, n) with S(j) <= x < S(j + 1), S the prefix sums of the
+ * 128-bit values a[0..n); *off = x - S(j).  With first, x is drawn below the
+ * total first (lane 0, drawx; zero total or exhaustion: -1).  -1 when x is not
+ * below the total.  Every lane returns the same. */
+template <class D>
+DC_FN int lr_find(const u64* a, int n, bool first, D drawx, dy_u128 x, dy_u128* off) {
+  const int lane = threadIdx.x & 31;
+  dy_u128 w[LR_PL];
+  dy_u128 s = dy_make128(0, 0);
+#pragma unroll
+  for (int e = 0; e < LR_PL; ++e) {
+    const int j = lane * LR_PL + e;
+    w[e] = j < n ? lr_ld(a, j) : dy_make128(0, 0);
+    s = dy_add128(s, w[e]);
+  }
+  dy_u128 inc = lr_scan(s);
+  if (first) {
+    dy_u128 ex = dy_make128(0, 0);  /* ids beyond the first pass (n > 32 LR_PL) */
+#pragma unroll 4
+    for (int j = 32 * LR_PL + lane; j < n; j += 32) ex = dy_add128(ex, lr_ld(a, j));
+    const dy_u128 tot = dy_add128(lr_shfl(inc, 31), warp_sum128(ex));
+    int ok = 0;
+    if (lane == 0) ok = !dy_is_zero128(tot) && drawx(tot, &x);
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    if (!ok) return -1;
+    x = lr_shfl(x, 0);
+  }
+  dy_u128 base = dy_make128(0, 0);
+  for (int p0 = 0;;) {
+    const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x, dy_add128(base, inc)));
+    if (bal) {
+      const int L = __ffs(bal) - 1;
+      int r = -1;
+      dy_u128 o = dy_make128(0, 0);
+      if (lane == L) {
+        dy_u128 cum = dy_add128(base, dy_sub128(inc, s));
+#pragma unroll
+        for (int e = 0; e < LR_PL; ++e) {
+          const dy_u128 nc = dy_add128(cum, w[e]);
+          if (r < 0 && dy_lt128(x, nc)) { r = p0 + lane * LR_PL + e; o = dy_sub128(x, cum); }
+          cum = nc;
+        }
+      }
+      *off = lr_shfl(o, L);
+      return __shfl_sync(0xffffffffu, r, L);
+    }
+    base = dy_add128(base, lr_shfl(inc, 31));
+    p0 += 32 * LR_PL;
+    if (p0 >= n) return -1;
+    s = dy_make128(0, 0);
+#pragma unroll
+    for (int e = 0; e < LR_PL; ++e) {
+      const int j = p0 + lane * LR_PL + e;
+      w[e] = j < n ? lr_ld(a, j) : dy_make128(0, 0);
+      s = dy_add128(s, w[e]);
+    }
+    inc = lr_scan(s);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) dc_vres2(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    const int* res_row, const u64* res_T, u64* rpart, u64* rchunk, int* accepted, int* tokens, int* status,
+    u32* rcnt, int rt, int vec_t, int vec_q) {
+  __shared__ LrShared s;
+  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int i = res_row[b];
+  if (i < 0) return;
+  const u64 T = res_T[b], th = T >> DY_TOTAL_BITS, tl = T & (u64)(DY_TOTAL - 1u);
+  const u32* trow = target + ((i64)b * (k + 1) + i) * V;
+  const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi, point = !bonus && !qc;
+  const u32* qrow = dense ? qc + ((i64)b * k + i) * V : 0;
+  const int d = point ? draft[(i64)b * k + i] : -1;
+  const int lo = tile * rt, hi = min(V, lo + rt);
+  const int nch = (V + LR_CH - 1) / LR_CH, c0 = lo / LR_CH, nct = (hi - lo + LR_CH - 1) / LR_CH;
+  u64* rch = rchunk + 2 * (i64)b * nch;
+  u64 tp = 0, tc = 0;  /* this thread's share of the tile's sum_sel P, sum_sel c */
+  /* c_v: dense q[v]; point mass 2^24 [v == d]; bonus / sparse 0 (sparse: corrected below) */
+  if (vec_t && (!dense || vec_q)) {
+    const uint4* t4 = (const uint4*)(trow + lo);
+    const uint4* q4 = dense ? (const uint4*)(qrow + lo) : 0;
+    const int n4 = (hi - lo) >> 2;
+    for (int base = 0; base < n4; base += 256 * LR_CU) {  /* uniform trip count: shuffles below */
+      uint4 tb[LR_CU], qb[LR_CU];
+#pragma unroll
+      for (int u = 0; u < LR_CU; ++u) {
+        const int g = base + tid + u * 256;
+        tb[u] = g < n4 ? __ldcs(&t4[g]) : make_uint4(0, 0, 0, 0);
+        qb[u] = (dense && g < n4) ? __ldcs(&q4[g]) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < LR_CU; ++u) {
+        const int g = base + tid + u * 256, v = lo + 4 * g;
+        const u32 bb[4] = {tb[u].x, tb[u].y, tb[u].z, tb[u].w};
+        const u32 cc[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
+        u64 sp = 0, sc = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const u64 c = dense ? (u64)cc[e] : (v + e == d ? (u64)DY_TOTAL : 0ull);
+          lr_elem(bb[e], c, th, tl, sp, sc);
+        }
+        tp += sp; tc += sc;
+        /* the 16 lanes of a half warp hold one chunk (lo / 4 and g - lane % 16 are multiples of 16) */
+#pragma unroll
+        for (int o = 8; o; o >>= 1) sp += __shfl_xor_sync(0xffffffffu, sp, o);
+        if (dense || point) {
+#pragma unroll
+          for (int o = 8; o; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+        }
+        if ((lane & 15) == 0 && g < n4) {
+          const int cl = g >> 4;
+          if (sparse) { s.csp[cl] = sp; s.csc[cl] = sc; }
+          else lr_st(rch, c0 + cl, lr_val(sp, sc, T, bonus));
+        }
+      }
+    }
+  } else {  /* scalar loads: warp w takes chunks w, w + 8, ... (ids lane and lane + 32) */
+    for (int cb = 0; cb < nct; cb += 8 * LR_SU) {
+      u32 tb[2 * LR_SU], qb[2 * LR_SU];
+#pragma unroll
+      for (int u = 0; u < 2 * LR_SU; ++u) {
+        const int v = lo + (cb + wid + 8 * (u >> 1)) * LR_CH + lane + 32 * (u & 1);
+        tb[u] = v < hi ? __ldcs(&trow[v]) : 0u;
+        qb[u] = (dense && v < hi) ? __ldcs(&qrow[v]) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < LR_SU; ++u) {
+        const int cl = cb + wid + 8 * u, v = lo + cl * LR_CH + lane;
+        u64 sp = 0, sc = 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ve = v + 32 * e;
+          const u64 c = dense ? (u64)qb[2 * u + e] : (ve == d ? (u64)DY_TOTAL : 0ull);
+          lr_elem(tb[2 * u + e], c, th, tl, sp, sc);
+        }
+        tp += sp; tc += sc;
+        sp = warp_sum64(sp); sc = warp_sum64(sc);
+        if (lane == 0 && cl < nct) {
+          if (sparse) { s.csp[cl] = sp; s.csc[cl] = sc; }
+          else lr_st(rch, c0 + cl, lr_val(sp, sc, T, bonus));
+        }
+      }
+    }
+  }
+  if (sparse) {  /* dc_v2's support corrections, per chunk; then the chunk sums */
+    __syncthreads();
+    const u32* qcr = qc + ((i64)b * k + i) * W;
+    const int* qir = qi + ((i64)b * k + i) * W;
+    for (int j = tid; j < W; j += 256) {
+      const int id = qir[j];
+      if (id >= lo && id < hi) {
+        const u64 P = dy_target_fixed_fast(trow[id]), c = qcr[j];
+        const int cl = (id - lo) / LR_CH;
+        if (P > dc_resid_thr(c, th, tl)) atomicAdd((unsigned long long*)&s.csc[cl], (unsigned long long)c);
+        else atomicAdd((unsigned long long*)&s.csp[cl], (unsigned long long)((u64)0 - P));
+      }
+    }
+    __syncthreads();
+    tp = 0; tc = 0;
+    for (int cl = tid; cl < nct; cl += 256) {
+      const u64 sp = s.csp[cl], sc = s.csc[cl];
+      tp += sp; tc += sc;
+      lr_st(rch, c0 + cl, lr_val(sp, sc, T, false));
+    }
+  }
+  /* the tile sum (one block reduction) */
+  tp = warp_sum64(tp); tc = warp_sum64(tc);
+  if (lane == 0) { s.sp[wid] = tp; s.sc[wid] = tc; }
+  __syncthreads();
+  if (tid == 0) {
+    u64 P = 0, C = 0;
+    for (int w = 0; w < 8; ++w) { P += s.sp[w]; C += s.sc[w]; }
+    lr_st(rpart + 2 * (i64)b * nrt, tile, lr_val(P, C, T, bonus));
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s.is_last = atomicAdd(&rcnt[b], 1u) == (u32)(nrt - 1);
+  __syncthreads();
+  if (!s.is_last || wid > 1) return;
+  __threadfence();
+  const u32* qcr = sparse ? qc + ((i64)b * k + i) * W : (dense ? qrow : 0);
+  const int* qir = sparse ? qi + ((i64)b * k + i) * W : 0;
+  if (wid == 1) {  /* sparse: res_setup's count of valid ids, beside warp 0's search */
+    if (sparse) {
+      if (lane == 0) {
+        int l = 0, h = W;
+        while (l < h) { int m = (l + h) >> 1; if (qir[m] >= 0) l = m + 1; else h = m; }
+        s.nv = l;
+      }
+      __syncwarp();
+      asm volatile("bar.sync 1, 64;" ::: "memory");
+    }
+    return;
+  }
+  /* warp 0 */
+  if (lane == 0) rcnt[b] = 0;
+  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
+  if (lane == 0) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  dy_u128 x1, x2, x3;
+  const int jt = lr_find(rpart + 2 * (i64)b * nrt, nrt, true,
+      [&](dy_u128 tot, dy_u128* px) {
+        u32 idx = 0;
+        return dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
+                                     &idx, px) == DY_ST_OK;
+      }, dy_make128(0, 0), &x1);
+  int j = -1;
+  if (jt >= 0) {
+    const int cpt = rt / LR_CH, cf = jt * cpt, nc = min(nch, cf + cpt) - cf;
+    const int jc = lr_find(rch + 2 * (i64)cf, nc, false,
+                           [&](dy_u128, dy_u128*) { return false; }, x1, &x2);
+    if (jc >= 0) {
+      ResRow r;
+      r.t = trow; r.T = T; r.bonus = bonus; r.qcr = qcr; r.qir = qir; r.d = bonus ? -1 : draft[(i64)b * k + i];
+      r.nv = W;
+      if (sparse) { asm volatile("bar.sync 1, 64;" ::: "memory"); r.nv = s.nv; }
+      const int v = (cf + jc) * LR_CH + 2 * lane;
+      const dy_u128 w0 = v < V ? res_weight(r, v) : dy_make128(0, 0);
+      const dy_u128 w1 = v + 1 < V ? res_weight(r, v + 1) : dy_make128(0, 0);
+      const dy_u128 sw = dy_add128(w0, w1), inc = lr_scan(sw);
+      x3 = x2;
+      const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x3, inc));
+      if (bal) {
+        const int L = __ffs(bal) - 1;
+        const int jj = dy_lt128(x3, dy_add128(dy_sub128(inc, sw), w0)) ? v : v + 1;
+        j = __shfl_sync(0xffffffffu, jj, L);
+      }
+    } else if (sparse) asm volatile("bar.sync 1, 64;" ::: "memory");
+  } else if (sparse) asm volatile("bar.sync 1, 64;" ::: "memory");
+  if (lane == 0) {
+    if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tokens[(i64)b * (k + 1) + q] = -1; }
+    else tokens[(i64)b * (k + 1) + i] = j;
+  }
+}
