@@ -21,10 +21,11 @@ pytestmark = pytest.mark.gpu
 VS = [1, 2, 111, 4097, 32000, 129280]
 BS = [1, 3, 64]
 KINDS = ["equal", "two", "huge_tiny", "zeros", "random", "equal_zeros", "near"]
+DENSE_MODES = ["da", "da2"]  # da_* (dense_alloc.cuh) and da2_* (dense_alloc2.cuh)
 
 
 @pytest.fixture(scope="module")
-def cuda():
+def _cuda_loaded():
     be, why = _load("cuda")
     if be is None:
         pytest.skip(why)
@@ -32,6 +33,20 @@ def cuda():
     if cpu is None:
         pytest.skip(why)
     return "cuda"
+
+
+@pytest.fixture(params=DENSE_MODES)
+def cuda(request, _cuda_loaded):
+    """backend "cuda" with cupy_backend._DENSE_MODE set to each of DENSE_MODES in turn."""
+    mod = sys.modules["dyadic.backends.cuda.cupy_backend"]
+    prev = mod._DENSE_MODE
+    mod._DENSE_MODE = request.param
+    mod._PLANS.clear()
+    try:
+        yield _cuda_loaded
+    finally:
+        mod._DENSE_MODE = prev
+        mod._PLANS.clear()
 
 
 def _torch_cuda():
@@ -137,13 +152,13 @@ def test_dense_propose_adversarial(cuda, v):
 
 
 def test_dense_modes_agree(cuda, monkeypatch):
-    """DYADIC_CUDA_DENSE: the default (da), mb and old paths give the same counts."""
+    """DYADIC_CUDA_DENSE: the default (da), da2, mb and old paths give the same counts."""
     mod = sys.modules["dyadic.backends.cuda.cupy_backend"]
     rng = np.random.default_rng(3)
     for kind in ("equal", "two", "random"):
         x = _probs(rng, 4, 4097, kind)
         ref = dyadic.allocate(x, backend="cpu").counts
-        for mode in ("da", "mb", "old"):
+        for mode in ("da", "da2", "mb", "old"):
             monkeypatch.setattr(mod, "_DENSE_MODE", mode)
             _eq(dyadic.allocate(x, backend=cuda).counts, ref)
 

@@ -114,6 +114,7 @@ def main():
         # rank-counting propose without the staged last block
         from dyadic.backends.cuda import cupy_backend as _cb
         for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
+                                    ("allocate_dense_f32_DA2", "_DENSE_MODE", "da2", alloc),
                                     ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
                                     ("propose_top32_bf16_PK2", "_PK_MODE", "2", prop),
                                     ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop),

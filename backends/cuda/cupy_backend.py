@@ -83,6 +83,8 @@ _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 # DYADIC_CUDA_DENSE=old: dense allocate / propose by dc_dense (one block per row);
 # =mb: the multi-block dd_* kernels (H200 2026-11-29: parity 343 passed, allocate dense
 # f32 B=64 597 -> 261 us).  Default: the four da_* kernels (dense_alloc.cuh, _dense_da).
+# =da2: the da2_* kernels (dense_alloc2.cuh: same arithmetic and state, pipelined 16-byte
+# loads, loops specialised per row kind, evict-first counts stores); NOT YET GPU-TESTED.
 _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da")
 # DYADIC_CUDA_LAZY=v2: verify_lazy's residual stage by dc_vres2 (verify_lazy2.cuh: 64-id chunk
 # sums, a one-warp search in the last block) instead of dc_v2.  NOT YET GPU-TESTED, off by default.
@@ -562,7 +564,8 @@ class CupyBackend:
         the state dirty.
         """
         dev = _device_id()
-        pk = ("dense_da", dev, batch, v)
+        da2 = _DENSE_MODE == "da2"  # da2_* (dense_alloc2.cuh): same state, scratch and results
+        pk = ("dense_da", dev, batch, v, da2)
         plan = _PLANS.get(pk)
         if plan is None:
             # tiles: one wave of <= 4 blocks per SM (the kernels are bounded to 64 registers)
@@ -574,7 +577,7 @@ class CupyBackend:
                     scratch("da_cand_r", 8 * batch * self._DA_CAP),
                     scratch("da_cand_i", 4 * batch * self._DA_CAP),
                     scratch("da_fine", 4 * batch * nti * self._DA_NB),
-                    _kernel("da_max"), _kernel("da_sum"), _kernel("da_floor"), _kernel("da_mark"),
+                    *(_kernel(("da2_" if da2 else "da_") + n) for n in ("max", "sum", "floor", "mark")),
                     _kernel("dc_draw"))
             _PLANS[pk] = plan
         dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw = plan

@@ -1,0 +1,369 @@
+/* ========================================================================
+ * da2: the four da_* launches (dense_alloc.cuh) with a faster schedule;
+ * selected by DYADIC_CUDA_DENSE=da2 (cupy_backend._DENSE_MODE = "da2").
+ * Same per-row state (DA_RS words, zero between calls), same scratch, same
+ * arithmetic (DaRow, da_div, the weight functors, da_pick, da_fallback), so
+ * the results are those of da_* bit for bit; only the order of the loads,
+ * the cache hints and the specialisation of the loops differ:
+ *  - da2_vec: software-pipelined float4 tile loop: the loads of iteration
+ *    k + 1 are issued before the elements of iteration k are processed (the
+ *    da_* loop waits for every batch: ~4 exposed memory latencies per block
+ *    at B=64).  Same element -> thread map, same per-thread id order.
+ *  - da2_mark: the per-element loop is instantiated per row kind (FLOOR/ALL,
+ *    CAND, FALL; row-uniform, chosen outside the loop): no dead per-element
+ *    work (argmax compare, ballot, range) and fewer live registers; the
+ *    last-block work (da_pick / da_fallback) is a noinline function.
+ *  - counts are stored with st.global.cs (evict-first): the 33 MB of counts
+ *    (B=64) do not push x out of L2.
+ * Non-vector inputs (float16 / bfloat16, unaligned) use da_tile's scalar loop.
+ * ======================================================================== */
+
+/* f(v0, xs, DaN<4>, ok) over [lo, hi) of a float32 row, U float4 per thread per
+ * iteration, the next iteration's loads in flight while f runs.  lo is a
+ * multiple of 4 and hi == V or a multiple of 1024, V % 4 == 0: i < hi implies
+ * i + 3 < hi (as da_tile).  Every thread makes the same number of calls. */
+template <int U, class F>
+DC_FN void da2_vec(const float* x, i64 xoff, int lo, int hi, F f) {
+  const int tid = threadIdx.x;
+  const float4* x4 = (const float4*)(x + xoff);
+  constexpr int ST = 256 * 4 * U;
+  float4 b[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = lo + (u * 256 + tid) * 4;
+    b[u] = i < hi ? __ldg(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int base = lo; base < hi; base += ST) {
+    float4 c[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) c[u] = b[u];
+    const int nb = base + ST;
+    if (nb < hi) {  /* block-uniform */
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = nb + (u * 256 + tid) * 4;
+        b[u] = i < hi ? __ldg(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + (u * 256 + tid) * 4;
+      const float xs[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
+      f(i, xs, DaN<4>(), i < hi);
+    }
+  }
+}
+
+template <int U, class F>
+DC_FN void da2_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, F f) {
+  if (vec) da2_vec<U>((const float*)x, xoff, lo, hi, f);
+  else da_tile<U>(x, xdt, xoff, lo, hi, 0, f);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  u64* st = state + (i64)row * DA_RS;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 mk = 0, nb = 0;
+  auto body = [&](int v0, const float* xs, auto NN, bool ok) {
+    constexpr int n = decltype(NN)::n;
+    if (!ok) return;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      int bad;
+      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
+      if (bad && nb == 0) nb = ~(((u64)(v0 + e) << 8) | (u64)bad);
+      mk = key > mk ? key : mk;
+    }
+  };
+  if (logits) da2_tile<2>(x, xdt, xoff, lo, hi, vec, body);
+  else {  /* probabilities: the same key (mag + 1) and status, in 32 bits */
+    u32 mm = 0;
+    auto pb = [&](int v0, const float* xs, auto NN, bool ok) {
+      constexpr int n = decltype(NN)::n;
+      if (!ok) return;
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        const u32 b = __float_as_uint(xs[e]), mag = b & 0x7FFFFFFFu;
+        if (!(b - 1u < 0x7F7FFFFFu || mag == 0) && nb == 0)
+          nb = ~(((u64)(v0 + e) << 8) | (u64)dy_weight_bits_status(b));
+        mm = mag > mm ? mag : mm;
+      }
+    };
+    da2_tile<4>(x, xdt, xoff, lo, hi, vec, pb);
+    mk = (u64)mm + 1;
+  }
+  mk = block_reduce64(mk, 1, sh);
+  nb = block_reduce64(nb, 1, sh);
+  if (threadIdx.x == 0) { atomicMax(&st[DA_MK], mk); if (nb) atomicMax(&st[DA_BAD], nb); }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y;
+  u64* st = state + (i64)row * DA_RS;
+  if (da_code(st, logits)) return;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  const u64 mk = st[DA_MK];
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  u64 S = 0, na = 0;
+  da_kind(logits, mk, bias, bdt, boff, T, [&](auto W) {
+    da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      constexpr int n = decltype(NN)::n;
+      if (!ok) return;
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        if (na == 0 && W.is_max(xs[e], v0 + e)) na = ~(u64)(v0 + e);
+        if (!greedy) S += W(xs[e], v0 + e);
+      }
+    });
+  });
+  na = block_reduce64(na, 1, sh);
+  S = block_reduce64(S, 0, sh);
+  if (threadIdx.x == 0) { if (na) atomicMax(&st[DA_ARG], na); if (!greedy) atomicAdd(&st[DA_S], S); }
+}
+
+/* as da_floor (see there), with the pipelined tile loop */
+extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, int policy, u32* __restrict__ fine,
+    u64* state) {
+  __shared__ DcShared sh;
+  __shared__ u32 hs[DA_NB];
+  __shared__ u32 f8[8];
+  __shared__ int sbin, sneed, scnt;
+  const int row = blockIdx.y, tid = threadIdx.x;
+  u64* st = state + (i64)row * DA_RS;
+  if (da_code(st, logits)) return;
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  if (greedy) return;
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  const DaRow R = da_row(st, logits);
+  if (R.S == 0) return;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  const bool hist = policy == 0;
+  for (int j = tid; j < DA_NB; j += 256) hs[j] = 0;
+  __syncthreads();
+  u32 sbt = 0;
+  u32 lastd = 0xFFFFFFFFu, run = 0;
+  da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+    da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      constexpr int n = decltype(NN)::n;
+      if (!ok) return;
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        u64 r;
+        sbt += da_div(R, W(xs[e], v0 + e), &r);
+        if (hist) {
+          const u32 d = (u32)(r >> R.dlo);
+          if (d == lastd) ++run;
+          else { if (run) atomicAdd(&hs[lastd], run); lastd = d; run = 1; }
+        }
+      }
+    });
+  });
+  if (run) atomicAdd(&hs[lastd], run);
+  const u64 sb = block_reduce64(sbt, 0, sh);
+  if (tid == 0) atomicAdd(&st[DA_SB], sb);
+  u32* gh = (u32*)(st + 16);
+  const int ntiles = (int)gridDim.x;
+  if (hist) {
+    u32* fb = fine + ((i64)row * ntiles + blockIdx.x) * DA_NB;
+    for (int j = tid; j < DA_NB; j += 256) fb[j] = hs[j];
+    u32 cs = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) cs += hs[8 * tid + k];
+    if (cs) atomicAdd(&gh[tid], cs);
+  }
+  if (!da_last(st, DA_C1)) return;
+  /* ---- last block of the row (as da_floor) ---- */
+  const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DA_SB]);
+  int kind, code = 0;
+  if (remaining < 0 || remaining >= (i64)DY_TOTAL) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
+  else if (remaining == 0 || !hist) kind = DA_K_FLOOR;
+  else kind = DA_K_CAND;
+  if (kind == DA_K_CAND) {
+    const int need = (int)remaining;
+    const int cb = DA_NC - 1 - tid;
+    const int c = (int)__ldcg(&gh[cb]);
+    if (tid == 0) sbin = -1;
+    if (tid < 8) f8[tid] = 0;
+    int tot; const int exc = block_excl_scan(c, &tot, sh);
+    if (exc < need && need <= exc + c) { sbin = cb; sneed = need - exc; }
+    __syncthreads();
+    const int cbin = sbin, needc = sneed;
+    if (cbin >= 0) {
+      for (int i = tid; i < 8 * ntiles; i += 256)
+        atomicAdd(&f8[i & 7], __ldcg(&fine[((i64)row * ntiles + (i >> 3)) * DA_NB + 8 * cbin + (i & 7)]));
+      __syncthreads();
+      if (tid == 0) {
+        int cum = 0;
+        sbin = -1;
+        for (int k = 7; k >= 0; --k) {
+          if (cum < needc && needc <= cum + (int)f8[k]) { sbin = 8 * cbin + k; sneed = needc - cum; scnt = (int)f8[k]; break; }
+          cum += (int)f8[k];
+        }
+      }
+    }
+    __syncthreads();
+    if (sbin < 0) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
+    else if (sneed == scnt) kind = DA_K_ALL;
+    else if (scnt > DA_CAP) kind = DA_K_FALL;
+  }
+  if (hist) gh[tid] = 0;
+  if (tid == 0) {
+    st[DA_KIND] = (u64)kind;
+    st[DA_CODE] = (u64)code;
+    st[DA_REM] = remaining > 0 ? (u64)remaining : 0;
+    if (kind >= DA_K_ALL) { st[DA_BIN] = (u64)sbin; st[DA_NEED] = (u64)sneed; st[DA_CNT] = (u64)scnt; }
+  }
+}
+
+/* da_mark's last-block work (the bin's +1 by da_pick / da_fallback), out of line */
+static __device__ __noinline__ void da2_mark_tail(
+    const void* x, int xdt, const void* bias, int bdt, i64 boff, double T, int logits, int V,
+    i64 xoff, int kind, u64* st, const u64* cr, const u32* ci, u32* crow, DcShared& sh) {
+  __shared__ u64 skr[DA_CAP];
+  __shared__ u32 skid[DA_CAP];
+  const int tid = threadIdx.x;
+  const DaRow R = da_row(st, logits);
+  const u32 bin = (u32)st[DA_BIN];
+  if (kind == DA_K_CAND) {
+    const int C = (int)min(__ldcg(&st[DA_SLOT]), (u64)DA_CAP);
+    for (int i = tid; i < C; i += 256) { skr[i] = __ldcg(&cr[i]); skid[i] = __ldcg(&ci[i]); }
+    __syncthreads();
+    da_pick([&](int i) { return skr[i]; }, [&](int i) { return skid[i]; }, C, (int)st[DA_NEED],
+            R.dlo, crow, sh);
+  } else {
+    da_fallback(x, xdt, bias, bdt, boff, T, logits, V, xoff, R, bin, (int)st[DA_NEED],
+                __ldcg(&st[DA_RMAX]) == ~__ldcg(&st[DA_RMINI]), crow, sh);
+  }
+}
+
+/* counts of [v0, v0 + n): evict-first stores (uint4 when aligned) */
+template <int n>
+DC_FN void da2_store(u32* crow, int v0, const u32* c, int cvec) {
+  if (n == 4 && cvec) __stcs((uint4*)&crow[v0], make_uint4(c[0], c[n > 1 ? 1 : 0], c[n > 2 ? 2 : 0], c[n > 3 ? 3 : 0]));
+  else {
+#pragma unroll
+    for (int e = 0; e < n; ++e) __stcs(&crow[v0 + e], c[e]);
+  }
+}
+
+/* as da_mark (see there); the loop specialised per row kind */
+extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state,
+    u64* __restrict__ cand_r, u32* __restrict__ cand_i, u32* __restrict__ counts, int cvec,
+    int* status) {
+  __shared__ DcShared sh;
+  const int row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  u64* st = state + (i64)row * DA_RS;
+  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
+  u32* crow = counts + xoff;
+  u64* cr = cand_r + (i64)row * DA_CAP;
+  u32* ci = cand_i + (i64)row * DA_CAP;
+  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  int code = da_code(st, logits);
+  const int kind = code ? 0 : (int)st[DA_KIND];
+  if (!code && kind == DA_K_ERR) code = (int)st[DA_CODE];
+  const int argmax = (int)~st[DA_ARG];
+  const DaRow R = da_row(st, logits);
+  if (!code && !greedy && (kind < DA_K_ERR || kind > DA_K_FALL))
+    code = R.S == 0 ? DY_ST_X_ZERO_MASS : DY_ST_ALLOC_INCONSISTENT;
+  const u32 bin = (u32)st[DA_BIN];
+  const u64 rbase = (u64)bin << R.dlo;
+  if (code || greedy) {
+    const u32 one = code ? 0u : DY_TOTAL;
+    for (int v = lo + tid; v < hi; v += 256) __stcs(&crow[v], v == argmax ? one : 0u);
+  } else if (kind == DA_K_CAND) {
+    /* q + [d > bin]; the bin's elements appended (warp-aggregated slot) */
+    const u32 thr = bin + 1;
+    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+      da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+        constexpr int n = decltype(NN)::n;
+        u32 c[n];
+#pragma unroll
+        for (int e = 0; e < n; ++e) {
+          const int v = v0 + e;
+          u64 r;
+          const u32 q = da_div(R, W(xs[e], ok ? v : lo), &r);  /* no bias read past hi */
+          const u32 d = (u32)(r >> R.dlo);
+          c[e] = q + (d >= thr ? 1u : 0u);
+          const bool is = ok && d == bin;
+          const unsigned bal = __ballot_sync(0xffffffffu, is);
+          if (bal) {
+            const int leader = __ffs(bal) - 1;
+            u32 base = 0;
+            if (lane == leader) base = (u32)atomicAdd(&st[DA_SLOT], (u64)__popc(bal));
+            base = __shfl_sync(0xffffffffu, base, leader);
+            if (is) {
+              const u32 p = base + (u32)__popc(bal & ((1u << lane) - 1u));
+              if (p < DA_CAP) { cr[p] = r - rbase; ci[p] = (u32)v; }
+            }
+          }
+        }
+        if (ok) da2_store<n>(crow, v0, c, cvec);
+      });
+    });
+  } else if (kind == DA_K_FALL) {
+    /* q + [d > bin]; the range of r over the bin's elements */
+    const u32 thr = bin + 1;
+    u64 rmax = 0, rmin = ~0ull;
+    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+      da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+        constexpr int n = decltype(NN)::n;
+        if (!ok) return;
+        u32 c[n];
+#pragma unroll
+        for (int e = 0; e < n; ++e) {
+          u64 r;
+          const u32 q = da_div(R, W(xs[e], v0 + e), &r);
+          const u32 d = (u32)(r >> R.dlo);
+          c[e] = q + (d >= thr ? 1u : 0u);
+          if (d == bin) { rmax = r > rmax ? r : rmax; rmin = r < rmin ? r : rmin; }
+        }
+        da2_store<n>(crow, v0, c, cvec);
+      });
+    });
+    rmax = block_reduce64(rmax, 1, sh);
+    rmin = block_reduce64(rmin, 2, sh);
+    if (tid == 0) { atomicMax(&st[DA_RMAX], rmax); atomicMax(&st[DA_RMINI], ~rmin); }
+  } else {
+    /* FLOOR: q (+ remaining at the argmax); ALL: q + [d >= bin] */
+    const u32 thr = kind == DA_K_FLOOR ? 0xFFFFFFFFu : bin;
+    const u32 radd = kind == DA_K_FLOOR ? (u32)st[DA_REM] : 0u;
+    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
+      da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+        constexpr int n = decltype(NN)::n;
+        if (!ok) return;
+        u32 c[n];
+#pragma unroll
+        for (int e = 0; e < n; ++e) {
+          const int v = v0 + e;
+          u64 r;
+          const u32 q = da_div(R, W(xs[e], v), &r);
+          const u32 d = (u32)(r >> R.dlo);
+          c[e] = q + (d >= thr ? 1u : 0u) + (v == argmax ? radd : 0u);
+        }
+        da2_store<n>(crow, v0, c, cvec);
+      });
+    });
+  }
+  if (!da_last(st, DA_C2)) return;
+  /* ---- last block of the row: the bin's +1, status, state reset ---- */
+  if (tid == 0) status[row] = code;
+  if (!code && !greedy && (kind == DA_K_CAND || kind == DA_K_FALL))
+    da2_mark_tail(x, xdt, bias, bdt, boff, T, logits, V, xoff, kind, st, cr, ci, crow, sh);
+  __syncthreads();
+  if (tid < 16) st[tid] = 0;
+}
