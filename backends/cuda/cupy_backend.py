@@ -775,7 +775,7 @@ class CupyBackend:
         call.finish()
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
-        """DYADIC_CUDA_LAZY=v2: dc_vlazy + dc_vres2 (verify_lazy2.cuh)."""
+        """DYADIC_CUDA_LAZY=v2: dc_vlazy2 + dc_vres2 (verify_lazy2.cuh)."""
         k1 = k + 1
         pk = ("verify_lazy_v2", dev, batch, k1, v)
         plan = _PLANS.get(pk)
@@ -792,16 +792,17 @@ class CupyBackend:
                     scratch("lz_part_bad", 4 * n), scratch("lz_res_row", 4 * batch),
                     scratch("lz_res_T", 8 * batch), scratch("lz2_rpart", 16 * batch * nrt),
                     scratch("lz2_rchunk", 16 * batch * nch), scratch("lz_cnt", 4 * batch),
-                    scratch("lz2_rcnt", 4 * batch), _kernel("dc_vlazy"), _kernel("dc_vres2"))
+                    scratch("lz2_rcnt", 4 * batch), _kernel("dc_vlazy2"), _kernel("dc_vres2"),
+                    np.int32(batch <= 16))  # small batches: row-0 / q-row prefetch in stage 1
             _PLANS[pk] = plan
         (vt, nt32, nt, rt, nrt32, nrt, plo, phi, pbad, res_row, res_t, rpart, rchunk, cnt, rcnt,
-         ka, kb) = plan
+         ka, kb, pre) = plan
         vec_t = v % 4 == 0 and int(t) % 16 == 0
         vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
         v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
         ka((nt, batch), (256,),
            (t, d, qc, qi, w32, k32, v32, nt32, *kptrs, np.int32(kfmt), plo, phi, pbad, res_row,
-            res_t, a, tk, st, cnt, vt, np.int32(vec_t)))
+            res_t, a, tk, st, cnt, vt, np.int32(vec_t), pre))
         kb((nrt, batch), (256,),
            (t, d, qc, qi, w32, k32, v32, nrt32, *kptrs, np.int32(kfmt), res_row, res_t, rpart,
             rchunk, a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q)))
