@@ -18,21 +18,48 @@
  * Non-vector inputs (float16 / bfloat16, unaligned) use da_tile's scalar loop.
  * ======================================================================== */
 
+/* 16-byte read-only load with an L2 eviction hint.  H = 1: evict_last (max, sum,
+ * floor: x is read again by the next launch), H = 2: evict_first (mark: the last
+ * read; the lines do not stay pinned after the call).  Bits only (no float ops).
+ * volatile: never speculated past its guard (i < hi, vec). */
+template <int H>
+DC_FN float4 da2_ld(const float4* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u64 pol;
+  if (H == 1) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  u32 a, b, c, d;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p), "l"(pol));
+  return make_float4(__uint_as_float(a), __uint_as_float(b), __uint_as_float(c), __uint_as_float(d));
+#else
+  return __ldg(p);
+#endif
+}
+
+/* the first batch of da2_vec (U float4 per thread; zeros where !vec or past hi) */
+template <int U, int H>
+DC_FN void da2_first(float4 (&b)[U], const void* x, i64 xoff, int lo, int hi, int vec) {
+  const float4* x4 = (const float4*)((const float*)x + xoff);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = lo + (u * 256 + (int)threadIdx.x) * 4;
+    b[u] = vec && i < hi ? da2_ld<H>(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
 /* f(v0, xs, DaN<4>, ok) over [lo, hi) of a float32 row, U float4 per thread per
- * iteration, the next iteration's loads in flight while f runs.  lo is a
- * multiple of 4 and hi == V or a multiple of 1024, V % 4 == 0: i < hi implies
- * i + 3 < hi (as da_tile).  Every thread makes the same number of calls. */
-template <int U, class F>
-DC_FN void da2_vec(const float* x, i64 xoff, int lo, int hi, F f) {
+ * iteration, the next iteration's loads in flight while f runs; b holds the
+ * first batch (da2_first, issued at the kernel's entry, in flight while the
+ * kernel reads the row state).  Same element -> thread map and per-thread id
+ * order as da_tile: lo is a multiple of 4 and hi == V or a multiple of 1024,
+ * V % 4 == 0, so i < hi implies i + 3 < hi.  Every thread makes the same number
+ * of calls. */
+template <int U, int H, class F>
+DC_FN void da2_vec(const float* x, i64 xoff, int lo, int hi, float4 (&b)[U], F f) {
   const int tid = threadIdx.x;
   const float4* x4 = (const float4*)(x + xoff);
   constexpr int ST = 256 * 4 * U;
-  float4 b[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int i = lo + (u * 256 + tid) * 4;
-    b[u] = i < hi ? __ldg(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
   for (int base = lo; base < hi; base += ST) {
     float4 c[U];
 #pragma unroll
@@ -42,7 +69,7 @@ DC_FN void da2_vec(const float* x, i64 xoff, int lo, int hi, F f) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = nb + (u * 256 + tid) * 4;
-        b[u] = i < hi ? __ldg(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        b[u] = i < hi ? da2_ld<H>(&x4[i >> 2]) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
 #pragma unroll
@@ -54,9 +81,9 @@ DC_FN void da2_vec(const float* x, i64 xoff, int lo, int hi, F f) {
   }
 }
 
-template <int U, class F>
-DC_FN void da2_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, F f) {
-  if (vec) da2_vec<U>((const float*)x, xoff, lo, hi, f);
+template <int U, int H = 1, class F>
+DC_FN void da2_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, float4 (&b)[U], F f) {
+  if (vec) da2_vec<U, H>((const float*)x, xoff, lo, hi, b, f);
   else da_tile<U>(x, xdt, xoff, lo, hi, 0, f);
 }
 
@@ -81,7 +108,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
       mk = key > mk ? key : mk;
     }
   };
-  if (logits) da2_tile<2>(x, xdt, xoff, lo, hi, vec, body);
+  if (logits) {
+    float4 pre[2];
+    da2_first<2, 1>(pre, x, xoff, lo, hi, vec);
+    da2_tile<2>(x, xdt, xoff, lo, hi, vec, pre, body);
+  }
   else {  /* probabilities: the same key (mag + 1) and status, in 32 bits */
     u32 mm = 0;
     auto pb = [&](int v0, const float* xs, auto NN, bool ok) {
@@ -95,7 +126,9 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
         mm = mag > mm ? mag : mm;
       }
     };
-    da2_tile<4>(x, xdt, xoff, lo, hi, vec, pb);
+    float4 pre4[4];
+    da2_first<4, 1>(pre4, x, xoff, lo, hi, vec);
+    da2_tile<4>(x, xdt, xoff, lo, hi, vec, pre4, pb);
     mk = (u64)mm + 1;
   }
   mk = block_reduce64(mk, 1, sh);
@@ -108,6 +141,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
     int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
   __shared__ DcShared sh;
   const int row = blockIdx.y;
+  float4 pre[2];  /* the first batch of the tile, in flight while the row state is read */
+  da2_first<2, 1>(pre, x, (i64)row * V, blockIdx.x * dt, min(V, (int)blockIdx.x * dt + dt), vec);
   u64* st = state + (i64)row * DA_RS;
   if (da_code(st, logits)) return;
   bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
@@ -116,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
   const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
   u64 S = 0, na = 0;
   da_kind(logits, mk, bias, bdt, boff, T, [&](auto W) {
-    da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+    da2_tile<2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
       constexpr int n = decltype(NN)::n;
       if (!ok) return;
 #pragma unroll
@@ -141,6 +176,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
   __shared__ u32 f8[8];
   __shared__ int sbin, sneed, scnt;
   const int row = blockIdx.y, tid = threadIdx.x;
+  float4 pre[2];  /* the first batch of the tile, in flight while the row state is read */
+  da2_first<2, 1>(pre, x, (i64)row * V, blockIdx.x * dt, min(V, (int)blockIdx.x * dt + dt), vec);
   u64* st = state + (i64)row * DA_RS;
   if (da_code(st, logits)) return;
   bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
@@ -155,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
   u32 sbt = 0;
   u32 lastd = 0xFFFFFFFFu, run = 0;
   da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-    da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+    da2_tile<2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
       constexpr int n = decltype(NN)::n;
       if (!ok) return;
 #pragma unroll
@@ -266,6 +303,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     int* status) {
   __shared__ DcShared sh;
   const int row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  float4 pre[2];  /* the first batch of the tile, in flight while the row state is read */
+  da2_first<2, 2>(pre, x, (i64)row * V, blockIdx.x * dt, min(V, (int)blockIdx.x * dt + dt), vec);
   u64* st = state + (i64)row * DA_RS;
   const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
   u32* crow = counts + xoff;
@@ -289,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     /* q + [d > bin]; the bin's elements appended (warp-aggregated slot) */
     const u32 thr = bin + 1;
     da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-      da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      da2_tile<2, 2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
         constexpr int n = decltype(NN)::n;
         u32 c[n];
 #pragma unroll
@@ -320,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     const u32 thr = bin + 1;
     u64 rmax = 0, rmin = ~0ull;
     da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-      da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      da2_tile<2, 2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
         constexpr int n = decltype(NN)::n;
         if (!ok) return;
         u32 c[n];
@@ -343,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     const u32 thr = kind == DA_K_FLOOR ? 0xFFFFFFFFu : bin;
     const u32 radd = kind == DA_K_FLOOR ? (u32)st[DA_REM] : 0u;
     da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-      da2_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
+      da2_tile<2, 2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
         constexpr int n = decltype(NN)::n;
         if (!ok) return;
         u32 c[n];
