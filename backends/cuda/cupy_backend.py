@@ -89,6 +89,10 @@ _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da")
 # DYADIC_CUDA_LAZY=v2: verify_lazy's residual stage by dc_vres2 (verify_lazy2.cuh: 64-id chunk
 # sums, a one-warp search in the last block) instead of dc_v2.  NOT YET GPU-TESTED, off by default.
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "")
+# v2 tuning (A/B runs): stage-1 tile cap (a multiple of 1024) and the largest batch with the
+# stage-1 prefetch (row 0's first tile words before the classification, L2 prefetch of q).
+_LAZY_VT = int(os.environ.get("DYADIC_CUDA_LAZY_VT", "16384"))
+_LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
@@ -781,7 +785,7 @@ class CupyBackend:
         plan = _PLANS.get(pk)
         if plan is None:
             nsm = _num_sms()
-            vt = _tile_for(v, batch, nsm, 16384)
+            vt = _tile_for(v, batch, nsm, max(1024, min(16384, _LAZY_VT // 1024 * 1024)))
             nt = (v + vt - 1) // vt
             rt = _tile_for(v, batch, nsm, 8192)  # <= 8192: <= 128 chunks of 64 ids per tile
             nrt = (v + rt - 1) // rt
@@ -793,7 +797,7 @@ class CupyBackend:
                     scratch("lz_res_T", 8 * batch), scratch("lz2_rpart", 16 * batch * nrt),
                     scratch("lz2_rchunk", 16 * batch * nch), scratch("lz_cnt", 4 * batch),
                     scratch("lz2_rcnt", 4 * batch), _kernel("dc_vlazy2"), _kernel("dc_vres2"),
-                    np.int32(batch <= 16))  # small batches: row-0 / q-row prefetch in stage 1
+                    np.int32(batch <= _LAZY_PRE))  # small batches: row-0 / q-row prefetch
             _PLANS[pk] = plan
         (vt, nt32, nt, rt, nrt32, nrt, plo, phi, pbad, res_row, res_t, rpart, rchunk, cnt, rcnt,
          ka, kb, pre) = plan

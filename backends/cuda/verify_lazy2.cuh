@@ -10,7 +10,7 @@
  * __syncthreads phase each.  dc_vres2 stores, besides the tile sums, the
  * residual sum of every chunk of LR_CH = 64 ids (16 bytes per 64 ids, 1/32 of
  * the row's bytes), so the last block needs one warp and no __syncthreads:
- *   level 1: the tile sums (<= 8 per lane in registers per pass), total,
+ *   level 1: the tile sums (LR_PL per lane in registers per pass), total,
  *            x = uniform_below_u128(total) (domain CORRECTION, position + i,
  *            index 0: exactly dc_v2's draw), the tile holding x;
  *   level 2: the chunk sums of that tile (<= 128: 4 per lane), the chunk;
@@ -30,9 +30,9 @@
  * request are all rewritten by each launch before they are read.
  * ====================================================================== */
 #define LR_CH 64   /* ids per chunk (tiles are multiples of 1024) */
-#define LR_CU 4    /* 16-byte loads in flight per thread and row */
+#define LR_CU 2    /* 16-byte loads in flight per thread and row */
 #define LR_SU 4    /* scalar path: chunks per warp and iteration */
-#define LR_PL 8    /* values per lane and pass in the warp search */
+#define LR_PL 4    /* values per lane and pass in the warp search */
 #define LR_MAXCT 128 /* chunks per tile (rt <= 8192) */
 
 struct LrShared {
