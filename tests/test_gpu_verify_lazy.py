@@ -274,7 +274,7 @@ def _cuda_dev():
     return "cuda"
 
 
-@pytest.fixture(params=["", "v2"], ids=["lazy_default", "lazy_v2"])
+@pytest.fixture(params=["v1", "v2"], ids=["lazy_v1", "lazy_v2"])
 def cuda(request, _cuda_dev, monkeypatch):
     """Every GPU test in both verify_lazy modes (cupy_backend._LAZY_MODE: dc_v2 or dc_vres2)."""
     from dyadic.backends.cuda import cupy_backend as cb

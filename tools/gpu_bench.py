@@ -110,16 +110,13 @@ def main():
                 r[name] = round(graph_time(fn), 1)
             except Exception as e:  # noqa: BLE001
                 r[name] = f"error: {type(e).__name__}: {e}"[:120]
-        # A/B in the same run: the previous dense allocate (one block per row) and the
-        # rank-counting propose without the staged last block
+        # A/B in the same run: the previous paths of each primitive (module switches)
         from dyadic.backends.cuda import cupy_backend as _cb
-        for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
-                                    ("allocate_dense_f32_DA2", "_DENSE_MODE", "da2", alloc),
+        for name, attr, val, fn in (("allocate_dense_f32_DA", "_DENSE_MODE", "da", alloc),
+                                    ("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
+                                    ("propose_top32_bf16_PK1", "_PK_MODE", "1", prop),
                                     ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
-                                    ("propose_top32_bf16_PK2", "_PK_MODE", "2", prop),
-                                    ("propose_top32_bf16_CHUNK2048", "_PK_CHUNK", 2048, prop),
-                                    ("propose_top32_bf16_CHUNK1024", "_PK_CHUNK", 1024, prop),
-                                    ("verify_k5_dense_lazy_V2", "_LAZY_MODE", "v2", ver_lazy)):
+                                    ("verify_k5_dense_lazy_V1", "_LAZY_MODE", "v1", ver_lazy)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)

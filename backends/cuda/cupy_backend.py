@@ -80,15 +80,20 @@ _TOPK_STAGE = os.environ.get("DYADIC_CUDA_TOPK_STAGE", "1") == "1"
 # DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
 # (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
-# DYADIC_CUDA_DENSE=old: dense allocate / propose by dc_dense (one block per row);
-# =mb: the multi-block dd_* kernels (H200 2026-11-29: parity 343 passed, allocate dense
-# f32 B=64 597 -> 261 us).  Default: the four da_* kernels (dense_alloc.cuh, _dense_da).
-# =da2: the da2_* kernels (dense_alloc2.cuh: same arithmetic and state, pipelined 16-byte
-# loads, loops specialised per row kind, evict-first counts stores); NOT YET GPU-TESTED.
-_DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da")
-# DYADIC_CUDA_LAZY=v2: verify_lazy's residual stage by dc_vres2 (verify_lazy2.cuh: 64-id chunk
-# sums, a one-warp search in the last block) instead of dc_v2.  NOT YET GPU-TESTED, off by default.
-_LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "")
+# Dense allocate / propose.  Default "da2": the da2_* kernels (dense_alloc2.cuh: the da_*
+# arithmetic and state with pipelined 16-byte loads, loops specialised per row kind,
+# evict-first counts stores).  H200 2026-11-29, graph replay, V=129280 fp32: B=1/4/64
+# 26.1 / 32.4 / 91.9 us vs 27.5 / 33.7 / 104.7 for "da"; 98 dense GPU tests (both modes),
+# the parity suite and the fuzz passed with da2.  DYADIC_CUDA_DENSE=da: the four da_*
+# kernels (dense_alloc.cuh); =mb: the multi-block dd_* kernels (261 us at B=64); =old:
+# dc_dense, one block per row.
+_DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da2")
+# verify_lazy's residual stage.  Default "v2": dc_vres2 (verify_lazy2.cuh: 64-id chunk sums,
+# a one-warp search in the last block) and dc_vlazy2; H200 2026-11-29, dense q k=5: B=1/4/64
+# 21.5 / 25.3 / 59.7 us vs 21.2 / 30.0 / 72.8 with dc_vlazy + dc_v2 (top-32 q: 22.9 / 30.1 /
+# 56.6 vs 23.6 / 31.8 / 67.3); the lazy tests (both modes) and the parity suite passed.
+# DYADIC_CUDA_LAZY=v1: dc_vlazy + dc_v2.
+_LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "v2")
 # v2 tuning (A/B runs): stage-1 tile cap (a multiple of 1024) and the largest batch with the
 # stage-1 prefetch (row 0's first tile words before the classification, L2 prefetch of q).
 _LAZY_VT = int(os.environ.get("DYADIC_CUDA_LAZY_VT", "16384"))
@@ -96,13 +101,14 @@ _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
-# top_k <= _PK_KMAX: pk_topk (propose_fast.cuh: coarse-key threshold, one warp tail).
-# DYADIC_CUDA_PK=0 falls back to dc_topk (A/B runs).
+# top_k <= _PK_KMAX: "2" pk_topk2 (default; H200 2026-11-29, propose top-32 bf16 B=1/4/64
+# 24.1 / 22.6 / 76.6 us), "1" pk_topk (23.5 / 24.4 / 96.2), "0" dc_topk (36.0 / 39.9 / 161.0);
+# the top-k GPU tests ran both fast kernels, the parity suite and the fuzz passed with "2".
 _PK_KMAX = 32
 _PK_NT = 512
 _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
 _PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the tile length
-_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "1")  # "0": dc_topk, "1": pk_topk, "2": pk_topk2
+_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "2")  # "0": dc_topk, "1": pk_topk, "2": pk_topk2
 _PK_CAP = 128  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
