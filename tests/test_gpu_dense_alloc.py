@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 VS = [1, 2, 111, 4097, 32000, 129280]
 BS = [1, 3, 64]
 KINDS = ["equal", "two", "huge_tiny", "zeros", "random", "equal_zeros", "near"]
-DENSE_MODES = ["da", "da2"]  # da_* (dense_alloc.cuh) and da2_* (dense_alloc2.cuh)
+DENSE_MODES = ["da2"]  # da2_* (dense_alloc2.cuh); the A/B paths are checked in test_dense_modes_agree
 
 
 @pytest.fixture(scope="module")
@@ -152,13 +152,13 @@ def test_dense_propose_adversarial(cuda, v):
 
 
 def test_dense_modes_agree(cuda, monkeypatch):
-    """DYADIC_CUDA_DENSE: the default (da), da2, mb and old paths give the same counts."""
+    """DYADIC_CUDA_DENSE: the default (da2), mb and old paths give the same counts."""
     mod = sys.modules["dyadic.backends.cuda.cupy_backend"]
     rng = np.random.default_rng(3)
     for kind in ("equal", "two", "random"):
         x = _probs(rng, 4, 4097, kind)
         ref = dyadic.allocate(x, backend="cpu").counts
-        for mode in ("da", "da2", "mb", "old"):
+        for mode in ("da2", "mb", "old"):
             monkeypatch.setattr(mod, "_DENSE_MODE", mode)
             _eq(dyadic.allocate(x, backend=cuda).counts, ref)
 

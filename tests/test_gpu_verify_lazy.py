@@ -274,14 +274,11 @@ def _cuda_dev():
     return "cuda"
 
 
-@pytest.fixture(params=["v1", "v2"], ids=["lazy_v1", "lazy_v2"])
-def cuda(request, _cuda_dev, monkeypatch):
-    """Every GPU test in both verify_lazy modes (cupy_backend._LAZY_MODE: dc_v2 or dc_vres2)."""
+@pytest.fixture
+def cuda(_cuda_dev):
     from dyadic.backends.cuda import cupy_backend as cb
-    monkeypatch.setattr(cb, "_LAZY_MODE", request.param)
     cb._PLANS.clear()
     yield _cuda_dev
-    cb._PLANS.clear()
 
 
 def _eq(a, b):

@@ -112,11 +112,9 @@ def main():
                 r[name] = f"error: {type(e).__name__}: {e}"[:120]
         # A/B in the same run: the previous paths of each primitive (module switches)
         from dyadic.backends.cuda import cupy_backend as _cb
-        for name, attr, val, fn in (("allocate_dense_f32_DA", "_DENSE_MODE", "da", alloc),
-                                    ("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
+        for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
                                     ("propose_top32_bf16_PK1", "_PK_MODE", "1", prop),
-                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
-                                    ("verify_k5_dense_lazy_V1", "_LAZY_MODE", "v1", ver_lazy)):
+                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)

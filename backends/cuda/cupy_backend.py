@@ -25,9 +25,9 @@ Launch structure:
   the allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
   (ceil(V / 2048), B), radix select / rank counting per tile, same merge
   pattern.  No block waits for another.
-- dense allocate / propose: ``da_max``, ``da_sum``, ``da_floor``, ``da_mark``
-  (``dense_alloc.cuh``, grid (tiles, B), exact integer atomics into a per-row
-  state that the last block of ``da_mark`` zeroes, a remainder-digit
+- dense allocate / propose: ``da2_max``, ``da2_sum``, ``da2_floor``, ``da2_mark``
+  (``dense_alloc2.cuh`` / ``dense_alloc.cuh``, grid (tiles, B), exact integer atomics into a per-row
+  state that the last block of ``da2_mark`` zeroes, a remainder-digit
   histogram and an exact boundary-bin resolution; DYADIC_CUDA_DENSE=mb / old:
   the earlier paths), then ``dc_draw`` for propose.
 - verify, two launches: (1) partial sums per (row, tile) reading every target
@@ -38,15 +38,16 @@ Launch structure:
   the total, finds the tile by a prefix over the tile sums and the
   first-exceeding id inside that tile.  DYADIC_CUDA_VERIFY=split runs the
   same work as four launches.
-- verify_lazy (check="lazy", no greedy rows), two launches: (1) dc_vlazy,
+- verify_lazy (check="lazy", no greedy rows), two launches: (1) dc_vlazy2,
   grid (tiles, B): every block classifies the k acceptance tests of its
   request for every valid row total T (|T - 2^62| <= 2^52) at once:
   accepted for all, rejected for all, or ambiguous (reading only P(d_i) and
   c_i(d_i)); it then sums its tile of the candidate rows only (the ambiguous
   rows before the first sure rejection, plus that row or the bonus row); the
   last block of the request gets their exact T and validity and walks the
-  chain exactly (dy_accept where ambiguous).  (2) dc_v2 as in verify: the
-  residual (or bonus) row.  See verify_lazy.cuh for why the decision is not
+  chain exactly (dy_accept where ambiguous).  (2) dc_vres2: the residual (or
+  bonus) row, 64-id chunk sums beside the tile sums, so the last block finds
+  the token with one warp.  See verify_lazy.cuh for why the decision is not
   monotone in T (ambiguous ~ alpha (1 - alpha) per test, not 2^-9).
 
 The scalar integer work (128-bit arithmetic, Philox, uniform_below, weights,
@@ -80,20 +81,15 @@ _TOPK_STAGE = os.environ.get("DYADIC_CUDA_TOPK_STAGE", "1") == "1"
 # DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
 # (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
-# Dense allocate / propose.  Default "da2": the da2_* kernels (dense_alloc2.cuh: the da_*
-# arithmetic and state with pipelined 16-byte loads, loops specialised per row kind,
-# evict-first counts stores).  H200 2026-11-29, graph replay, V=129280 fp32: B=1/4/64
-# 26.1 / 32.4 / 91.9 us vs 27.5 / 33.7 / 104.7 for "da"; 98 dense GPU tests (both modes),
-# the parity suite and the fuzz passed with da2.  DYADIC_CUDA_DENSE=da: the four da_*
-# kernels (dense_alloc.cuh); =mb: the multi-block dd_* kernels (261 us at B=64); =old:
-# dc_dense, one block per row.
+# Dense allocate / propose.  Default "da2": the da2_* kernels (dense_alloc2.cuh: four launches,
+# no [B, V] scratch, pipelined 16-byte loads, evict-first counts stores).  H200 2026-11-29,
+# graph replay, V=129280 fp32: B=1/4/64 26.1 / 32.4 / 91.9 us (a first version of the same
+# arithmetic, removed: 27.5 / 33.7 / 104.7).  DYADIC_CUDA_DENSE=mb: the multi-block dd_*
+# kernels (261 us at B=64); =old: dc_dense, one block per row.
 _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da2")
-# verify_lazy's residual stage.  Default "v2": dc_vres2 (verify_lazy2.cuh: 64-id chunk sums,
-# a one-warp search in the last block) and dc_vlazy2; H200 2026-11-29, dense q k=5: B=1/4/64
-# 21.5 / 25.3 / 59.7 us vs 21.2 / 30.0 / 72.8 with dc_vlazy + dc_v2 (top-32 q: 22.9 / 30.1 /
-# 56.6 vs 23.6 / 31.8 / 67.3); the lazy tests (both modes) and the parity suite passed.
-# DYADIC_CUDA_LAZY=v1: dc_vlazy + dc_v2.
-_LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "v2")
+# verify_lazy: dc_vlazy2 + dc_vres2 (verify_lazy2.cuh: 64-id chunk sums, a one-warp search in
+# the last block).  H200 2026-11-29, dense q k=5: B=1/4/64 21.5 / 25.3 / 59.7 us; the first
+# version (dc_vlazy + dc_v2, removed) measured 21.2 / 30.0 / 72.8 in the same run.
 # v2 tuning (A/B runs): stage-1 tile cap (a multiple of 1024) and the largest batch with the
 # stage-1 prefetch (row 0's first tile words before the classification, L2 prefetch of q).
 _LAZY_VT = int(os.environ.get("DYADIC_CUDA_LAZY_VT", "16384"))
@@ -564,18 +560,17 @@ class CupyBackend:
 
     def _dense_da(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                   status):
-        """Dense allocate / propose in four launches (da_* in dense_alloc.cuh).
+        """Dense allocate / propose in four launches (da2_* in dense_alloc2.cuh).
 
-        da_max, da_sum, da_floor (digit histogram; the last block of a row finds the
-        boundary bin), da_mark (counts written once; the last block of a row resolves
+        da2_max, da2_sum, da2_floor (digit histogram; the last block of a row finds the
+        boundary bin), da2_mark (counts written once; the last block of a row resolves
         the boundary bin exactly and zeroes the row state).  The state is zero between
         calls (no memset), so the sequence can be captured in a CUDA graph.  Every
         pointer is computed before the first launch: a failure in between would leave
         the state dirty.
         """
         dev = _device_id()
-        da2 = _DENSE_MODE == "da2"  # da2_* (dense_alloc2.cuh): same state, scratch and results
-        pk = ("dense_da", dev, batch, v, da2)
+        pk = ("dense_da", dev, batch, v)
         plan = _PLANS.get(pk)
         if plan is None:
             # tiles: one wave of <= 4 blocks per SM (the kernels are bounded to 64 registers)
@@ -587,7 +582,7 @@ class CupyBackend:
                     scratch("da_cand_r", 8 * batch * self._DA_CAP),
                     scratch("da_cand_i", 4 * batch * self._DA_CAP),
                     scratch("da_fine", 4 * batch * nti * self._DA_NB),
-                    *(_kernel(("da2_" if da2 else "da_") + n) for n in ("max", "sum", "floor", "mark")),
+                    *(_kernel("da2_" + n) for n in ("max", "sum", "floor", "mark")),
                     _kernel("dc_draw"))
             _PLANS[pk] = plan
         dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw = plan
@@ -738,7 +733,7 @@ class CupyBackend:
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
                     accepted, tokens, status):
-        """verify with check="lazy" (no greedy rows): dc_vlazy + dc_v2 (verify_lazy.cuh)."""
+        """verify with check="lazy" (no greedy rows): dc_vlazy2 + dc_vres2 (verify_lazy*.cuh)."""
         batch, k1, v = (int(s) for s in target.shape)
         k = k1 - 1
         if k > _MAX_K_VERIFY:
@@ -750,42 +745,11 @@ class CupyBackend:
         t, d = call(target), call(draft)
         qc, qi = call(q_counts), call(q_ids)
         a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
-        dev = _device_id()
-        if _LAZY_MODE == "v2":
-            self._verify_lazy_v2(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev)
-            call.finish()
-            return
-        pk = ("verify_lazy", dev, batch, k1, v)
-        plan = _PLANS.get(pk)
-        if plan is None:
-            nsm = _num_sms()
-            vt = _tile_for(v, batch, nsm, 16384)  # ~1-2 candidate rows per request
-            nt = (v + vt - 1) // vt
-            rt = _tile_for(v, batch, nsm, 8192)
-            nrt = (v + rt - 1) // rt
-            n = batch * k1 * nt
-            plan = (np.int32(vt), np.int32(nt), nt, np.int32(rt), np.int32(nrt), nrt,
-                    scratch("lz_part_lo", 8 * n), scratch("lz_part_hi", 8 * n),
-                    scratch("lz_part_bad", 4 * n), scratch("lz_res_row", 4 * batch),
-                    scratch("lz_res_T", 8 * batch), scratch("lz_rpart", 16 * batch * nrt),
-                    scratch("lz_cnt", 4 * batch), scratch("lz_rcnt", 4 * batch),
-                    _kernel("dc_vlazy"), _kernel("dc_v2"))
-            _PLANS[pk] = plan
-        (vt, nt32, nt, rt, nrt32, nrt, plo, phi, pbad, res_row, res_t, rpart, cnt, rcnt,
-         ka, kb) = plan
-        vec_t = v % 4 == 0 and int(t) % 16 == 0
-        vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
-        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
-        ka((nt, batch), (256,),
-           (t, d, qc, qi, w32, k32, v32, nt32, *kptrs, np.int32(kfmt), plo, phi, pbad, res_row,
-            res_t, a, tk, st, cnt, vt, np.int32(vec_t)))
-        kb((nrt, batch), (256,),
-           (t, d, qc, qi, w32, k32, v32, nrt32, *kptrs, np.int32(kfmt), res_row, res_t, rpart,
-            a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q)))
+        self._verify_lazy_v2(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, _device_id())
         call.finish()
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
-        """DYADIC_CUDA_LAZY=v2: dc_vlazy2 + dc_vres2 (verify_lazy2.cuh)."""
+        """dc_vlazy2 (classification, candidate-row sums) + dc_vres2 (residual / bonus draw)."""
         k1 = k + 1
         pk = ("verify_lazy_v2", dev, batch, k1, v)
         plan = _PLANS.get(pk)

@@ -1,18 +1,19 @@
 /* ========================================================================
- * Dense allocate / propose, four launches (default; DYADIC_CUDA_DENSE=mb
- * keeps the dd_* kernels, =old keeps dc_dense).  Included at the end of
- * dyadic_kernels.cu.
+ * Dense allocate / propose in four launches: the state, arithmetic and
+ * selection shared by the kernels da2_max, da2_sum, da2_floor, da2_mark
+ * (dense_alloc2.cuh; DYADIC_CUDA_DENSE=mb keeps the dd_* kernels, =old
+ * dc_dense).  Included at the end of dyadic_kernels.cu.
  *
  * Grid (ntiles, B), tile `dt` elements (a multiple of 1024), 256 threads.
  * Every stage recomputes the keys / weights from x (x is 33 MB at the
  * benchmark shape and mostly stays in L2); there is no [B, V] scratch.
  * Per-row state `st` (DA_RS u64 words) is ZERO between calls: the blocks only
- * add / max into it and the last block of da_mark zeroes it (da_floor's last
+ * add / max into it and the last block of da2_mark zeroes it (da2_floor's last
  * block zeroes the coarse histogram).  No memset, no host sync, graph-replayable.
  *
- *   da_max:   row max key (atomicMax), first bad element (atomicMax of ~packed)
- *   da_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd)
- *   da_floor: q_v = floor(2^24 w_v / S), r_v = 2^24 w_v - q_v S; sum of q_v;
+ *   da2_max:   row max key (atomicMax), first bad element (atomicMax of ~packed)
+ *   da2_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd)
+ *   da2_floor: q_v = floor(2^24 w_v / S), r_v = 2^24 w_v - q_v S; sum of q_v;
  *             histogram of the digit d_v = r_v >> dlo (DA_NB = 2048 bins) in
  *             shared memory; the tile's fine histogram is stored (plain
  *             stores, fine[row][tile]), its 256 coarse bins (d >> 3) are added
@@ -21,7 +22,7 @@
  *             remaining = 2^24 - sum q, the status, the coarse boundary bin,
  *             then sums that bin's 8 fine bins over the tiles: the boundary
  *             bin `bin` and need2 = how many of it are still to be taken
- *   da_mark:  counts_v = q_v + [d_v > bin] (+[d_v == bin] when the whole bin
+ *   da2_mark:  counts_v = q_v + [d_v > bin] (+[d_v == bin] when the whole bin
  *             is taken); the elements of the bin are appended (atomic slot,
  *             warp-aggregated) as (r_v - bin 2^dlo, v) to a per-row candidate
  *             buffer; the last block takes the need2 best by (r desc, id asc)
@@ -39,14 +40,14 @@
  *    of the bin by (r desc, id asc), whatever the order of the appends.
  *  - need = remaining < V always (remaining = sum r_v / S with r_v < S), so
  *    the bin exists; it is found from the exact integer histogram.
- *  - Inside the bin (C = #{d == bin} candidates, known before da_mark):
+ *  - Inside the bin (C = #{d == bin} candidates, known before da2_mark):
  *    C <= DA_RANK: rank counting (rank = #{better by (r desc, id asc)});
  *    C <= DA_CAP:  radix select on r (block_select), then the need_eq lowest
  *                  ids among the r == tau ones (block_select on ~id: distinct);
  *    C >  DA_CAP:  fallback, decided on the device (da_fallback): the last
  *                  block alone sweeps the row, recomputing r from x.  When
  *                  every r of the bin is equal (min == max, gathered by
- *                  da_mark: equal or two-valued weights) the need2 lowest ids
+ *                  da2_mark: equal or two-valued weights) the need2 lowest ids
  *                  of the bin (block_select's tie pass, two sweeps); else
  *                  block_select with key (d == bin ? r - bin 2^dlo + 1 : 0),
  *                  index = id, so its ties-to-lowest-index rule is the
@@ -64,7 +65,7 @@
 #define DA_RS (16 + DA_NC / 2)
 enum { DA_MK = 0, DA_BAD, DA_ARG, DA_S, DA_SB, DA_C1, DA_C2, DA_SLOT, DA_KIND, DA_REM, DA_BIN,
        DA_NEED, DA_CNT, DA_CODE, DA_RMAX, DA_RMINI /* ~min */ };
-/* kinds (set by da_floor's last block; 0: the row was not run there) */
+/* kinds (set by da2_floor's last block; 0: the row was not run there) */
 enum { DA_K_ERR = 1, DA_K_FLOOR, DA_K_ALL, DA_K_CAND, DA_K_FALL };
 
 template <int N> struct DaN { static constexpr int n = N; };
@@ -119,7 +120,7 @@ DC_FN bool da_last(u64* st, int slot) {
   return true;
 }
 
-/* status code of the row after da_max (0 = fine) */
+/* status code of the row after da2_max (0 = fine) */
 DC_FN int da_code(const u64* st, int logits) {
   const u64 nb = st[DA_BAD];
   if (nb) return (int)((~nb) & 0xFF);
@@ -209,158 +210,8 @@ DC_FN void da_kind(int logits, u64 mk, const void* bias, int bdt, i64 boff, doub
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) da_max(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
-  __shared__ DcShared sh;
-  const int row = blockIdx.y;
-  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
-  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
-  u64* st = state + (i64)row * DA_RS;
-  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
-  u64 mk = 0, nb = 0;
-  da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-    constexpr int n = decltype(NN)::n;
-    if (!ok) return;
-#pragma unroll
-    for (int e = 0; e < n; ++e) {
-      int bad;
-      const u64 key = rank_key(xs[e], bias, bdt, boff + v0 + e, T, logits, &bad);
-      if (bad && nb == 0) nb = ~(((u64)(v0 + e) << 8) | (u64)bad);
-      mk = key > mk ? key : mk;
-    }
-  });
-  mk = block_reduce64(mk, 1, sh);
-  nb = block_reduce64(nb, 1, sh);
-  if (threadIdx.x == 0) { atomicMax(&st[DA_MK], mk); if (nb) atomicMax(&st[DA_BAD], nb); }
-}
 
-extern "C" __global__ void __launch_bounds__(256, 4) da_sum(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
-  __shared__ DcShared sh;
-  const int row = blockIdx.y;
-  u64* st = state + (i64)row * DA_RS;
-  if (da_code(st, logits)) return;
-  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
-  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
-  const u64 mk = st[DA_MK];
-  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
-  u64 S = 0, na = 0;
-  da_kind(logits, mk, bias, bdt, boff, T, [&](auto W) {
-    da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-      constexpr int n = decltype(NN)::n;
-      if (!ok) return;
-#pragma unroll
-      for (int e = 0; e < n; ++e) {
-        if (na == 0 && W.is_max(xs[e], v0 + e)) na = ~(u64)(v0 + e);
-        if (!greedy) S += W(xs[e], v0 + e);
-      }
-    });
-  });
-  na = block_reduce64(na, 1, sh);
-  S = block_reduce64(S, 0, sh);
-  if (threadIdx.x == 0) { if (na) atomicMax(&st[DA_ARG], na); if (!greedy) atomicAdd(&st[DA_S], S); }
-}
 
-extern "C" __global__ void __launch_bounds__(256, 4) da_floor(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, int policy, u32* __restrict__ fine,
-    u64* state) {
-  __shared__ DcShared sh;
-  __shared__ u32 hs[DA_NB];
-  __shared__ u32 f8[8];
-  __shared__ int sbin, sneed, scnt;
-  const int row = blockIdx.y, tid = threadIdx.x;
-  u64* st = state + (i64)row * DA_RS;
-  if (da_code(st, logits)) return;
-  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
-  if (greedy) return;  /* row-uniform: no block of the row counts in */
-  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
-  const DaRow R = da_row(st, logits);
-  if (R.S == 0) return;  /* unreachable (the max has weight >= 2^15); da_mark fails closed */
-  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
-  const bool hist = policy == 0;
-  for (int j = tid; j < DA_NB; j += 256) hs[j] = 0;
-  __syncthreads();
-  u32 sbt = 0;  /* sum of q over this thread: <= the row's sum <= 2^24 */
-  u32 lastd = 0xFFFFFFFFu, run = 0;  /* run-length: equal digits (zeros, equal weights) add once */
-  da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-    da_tile(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-      constexpr int n = decltype(NN)::n;
-      if (!ok) return;
-#pragma unroll
-      for (int e = 0; e < n; ++e) {
-        u64 r;
-        sbt += da_div(R, W(xs[e], v0 + e), &r);
-        if (hist) {
-          const u32 d = (u32)(r >> R.dlo);
-          if (d == lastd) ++run;
-          else { if (run) atomicAdd(&hs[lastd], run); lastd = d; run = 1; }
-        }
-      }
-    });
-  });
-  if (run) atomicAdd(&hs[lastd], run);
-  const u64 sb = block_reduce64(sbt, 0, sh);  /* its __syncthreads also orders the hs adds */
-  if (tid == 0) atomicAdd(&st[DA_SB], sb);
-  /* the tile's fine histogram -> fine[row][tile] (plain stores); its coarse
-   * histogram (8 fine bins each) -> the row's DA_NC global bins (atomics) */
-  u32* gh = (u32*)(st + 16);
-  const int ntiles = (int)gridDim.x;
-  if (hist) {
-    u32* fb = fine + ((i64)row * ntiles + blockIdx.x) * DA_NB;
-    for (int j = tid; j < DA_NB; j += 256) fb[j] = hs[j];
-    u32 cs = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) cs += hs[8 * tid + k];
-    if (cs) atomicAdd(&gh[tid], cs);
-  }
-  if (!da_last(st, DA_C1)) return;
-  /* ---- last block of the row ---- */
-  const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DA_SB]);
-  int kind, code = 0;
-  if (remaining < 0 || remaining >= (i64)DY_TOTAL) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
-  else if (remaining == 0 || !hist) kind = DA_K_FLOOR;
-  else kind = DA_K_CAND;
-  if (kind == DA_K_CAND) {
-    /* coarse: thread t owns coarse bin NC - 1 - t (scanned from the top) */
-    const int need = (int)remaining;
-    const int cb = DA_NC - 1 - tid;
-    const int c = (int)__ldcg(&gh[cb]);
-    if (tid == 0) sbin = -1;
-    if (tid < 8) f8[tid] = 0;
-    int tot; const int exc = block_excl_scan(c, &tot, sh);
-    if (exc < need && need <= exc + c) { sbin = cb; sneed = need - exc; }
-    __syncthreads();
-    const int cbin = sbin, needc = sneed;
-    if (cbin >= 0) {
-      /* fine: the 8 bins of cbin summed over the row's tiles */
-      for (int i = tid; i < 8 * ntiles; i += 256)
-        atomicAdd(&f8[i & 7], __ldcg(&fine[((i64)row * ntiles + (i >> 3)) * DA_NB + 8 * cbin + (i & 7)]));
-      __syncthreads();
-      if (tid == 0) {
-        int cum = 0;
-        sbin = -1;
-        for (int k = 7; k >= 0; --k) {
-          if (cum < needc && needc <= cum + (int)f8[k]) { sbin = 8 * cbin + k; sneed = needc - cum; scnt = (int)f8[k]; break; }
-          cum += (int)f8[k];
-        }
-      }
-    }
-    __syncthreads();
-    if (sbin < 0) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }  /* unreachable: need < V */
-    else if (sneed == scnt) kind = DA_K_ALL;
-    else if (scnt > DA_CAP) kind = DA_K_FALL;
-  }
-  if (hist) gh[tid] = 0;  /* DA_NC == 256 == blockDim.x; read above, before a barrier */
-  if (tid == 0) {
-    st[DA_KIND] = (u64)kind;
-    st[DA_CODE] = (u64)code;
-    st[DA_REM] = remaining > 0 ? (u64)remaining : 0;
-    if (kind >= DA_K_ALL) { st[DA_BIN] = (u64)sbin; st[DA_NEED] = (u64)sneed; st[DA_CNT] = (u64)scnt; }
-  }
-}
 
 /* the need best of n candidates (key kr = r - bin 2^dlo < 2^dlo, id) by (r desc, id asc): +1 */
 template <class GK, class GI>
@@ -394,7 +245,7 @@ DC_FN void da_pick(GK kr, GI kid, int n, int need, int dlo, u32* crow, DcShared&
 }
 
 /* The last block of a row whose boundary bin holds more than DA_CAP elements
- * (noinline: its registers do not weigh on da_mark's main loop). */
+ * (noinline: its registers do not weigh on da2_mark's main loop). */
 static __device__ __noinline__ void da_fallback(
     const void* x, int xdt, const void* bias, int bdt, i64 boff, double T, int logits, int V,
     i64 xoff, DaRow R, u32 bin, int need, bool same, u32* crow, DcShared& sh) {
@@ -430,96 +281,3 @@ static __device__ __noinline__ void da_fallback(
   });
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) da_mark(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state,
-    u64* __restrict__ cand_r, u32* __restrict__ cand_i, u32* __restrict__ counts, int cvec,
-    int* status) {
-  __shared__ DcShared sh;
-  __shared__ u64 skr[DA_CAP];
-  __shared__ u32 skid[DA_CAP];
-  const int row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
-  u64* st = state + (i64)row * DA_RS;
-  const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
-  u32* crow = counts + xoff;
-  u64* cr = cand_r + (i64)row * DA_CAP;
-  u32* ci = cand_i + (i64)row * DA_CAP;
-  const int lo = blockIdx.x * dt, hi = min(V, lo + dt);
-  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
-  int code = da_code(st, logits);
-  const int kind = code ? 0 : (int)st[DA_KIND];
-  if (!code && kind == DA_K_ERR) code = (int)st[DA_CODE];
-  const int argmax = (int)~st[DA_ARG];
-  const DaRow R = da_row(st, logits);
-  if (!code && !greedy && (kind < DA_K_ERR || kind > DA_K_FALL))  /* da_floor did not run: unreachable */
-    code = R.S == 0 ? DY_ST_X_ZERO_MASS : DY_ST_ALLOC_INCONSISTENT;
-  const u32 bin = (u32)st[DA_BIN];
-  const u64 rbase = (u64)bin << R.dlo;
-  if (code || greedy) {  /* fail closed (zeros) or one-hot argmax: no reads of x */
-    const u32 one = code ? 0u : DY_TOTAL;
-    for (int v = lo + tid; v < hi; v += 256) crow[v] = v == argmax ? one : 0u;
-  } else {
-    /* FLOOR: q (+ remaining at the argmax, floor-first); ALL: q + [d >= bin];
-     * CAND / FALL: q + [d > bin], CAND appends the bin's elements */
-    const u32 thr = kind == DA_K_FLOOR ? 0xFFFFFFFFu : (kind == DA_K_ALL ? bin : bin + 1);
-    const u32 radd = kind == DA_K_FLOOR ? (u32)st[DA_REM] : 0u;
-    const bool cand = kind == DA_K_CAND, fall = kind == DA_K_FALL;
-    u64 rmax = 0, rmin = ~0ull;  /* FALL: the range of r over the bin's elements */
-    da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
-      da_tile<2>(x, xdt, xoff, lo, hi, vec, [&](int v0, const float* xs, auto NN, bool ok) {
-        constexpr int n = decltype(NN)::n;
-        u32 c[n];
-#pragma unroll
-        for (int e = 0; e < n; ++e) {
-          const int v = v0 + e;
-          u64 r;
-          const u32 q = da_div(R, W(xs[e], v), &r);
-          const u32 d = (u32)(r >> R.dlo);
-          c[e] = q + (d >= thr ? 1u : 0u) + (v == argmax ? radd : 0u);
-          if (fall && ok && d == bin) { rmax = r > rmax ? r : rmax; rmin = r < rmin ? r : rmin; }
-          if (cand) {  /* warp-uniform */
-            const bool is = ok && d == bin;
-            const unsigned bal = __ballot_sync(0xffffffffu, is);
-            if (bal) {
-              const int leader = __ffs(bal) - 1;
-              u32 base = 0;
-              if (lane == leader) base = (u32)atomicAdd(&st[DA_SLOT], (u64)__popc(bal));
-              base = __shfl_sync(0xffffffffu, base, leader);
-              if (is) {
-                const u32 p = base + (u32)__popc(bal & ((1u << lane) - 1u));
-                if (p < DA_CAP) { cr[p] = r - rbase; ci[p] = (u32)v; }
-              }
-            }
-          }
-        }
-        if (ok) {
-          if (n == 4 && cvec) *(uint4*)&crow[v0] = make_uint4(c[0], c[n > 1 ? 1 : 0], c[n > 2 ? 2 : 0], c[n > 3 ? 3 : 0]);
-          else {
-#pragma unroll
-            for (int e = 0; e < n; ++e) crow[v0 + e] = c[e];
-          }
-        }
-      });
-    });
-    if (fall) {  /* block-uniform */
-      rmax = block_reduce64(rmax, 1, sh);
-      rmin = block_reduce64(rmin, 2, sh);
-      if (tid == 0) { atomicMax(&st[DA_RMAX], rmax); atomicMax(&st[DA_RMINI], ~rmin); }
-    }
-  }
-  if (!da_last(st, DA_C2)) return;
-  /* ---- last block of the row: the bin's +1, status, state reset ---- */
-  if (tid == 0) status[row] = code;
-  if (!code && !greedy && kind == DA_K_CAND) {
-    const int C = (int)min(__ldcg(&st[DA_SLOT]), (u64)DA_CAP);
-    for (int i = tid; i < C; i += 256) { skr[i] = __ldcg(&cr[i]); skid[i] = __ldcg(&ci[i]); }
-    __syncthreads();
-    da_pick([&](int i) { return skr[i]; }, [&](int i) { return skid[i]; }, C, (int)st[DA_NEED],
-            R.dlo, crow, sh);
-  } else if (!code && !greedy && kind == DA_K_FALL) {
-    da_fallback(x, xdt, bias, bdt, boff, T, logits, V, xoff, R, bin, (int)st[DA_NEED],
-                __ldcg(&st[DA_RMAX]) == ~__ldcg(&st[DA_RMINI]), crow, sh);
-  }
-  __syncthreads();
-  if (tid < 16) st[tid] = 0;
-}

@@ -1,13 +1,12 @@
 /* ========================================================================
- * da2: the four da_* launches (dense_alloc.cuh) with a faster schedule;
- * selected by DYADIC_CUDA_DENSE=da2 (cupy_backend._DENSE_MODE = "da2").
- * Same per-row state (DA_RS words, zero between calls), same scratch, same
- * arithmetic (DaRow, da_div, the weight functors, da_pick, da_fallback), so
- * the results are those of da_* bit for bit; only the order of the loads,
- * the cache hints and the specialisation of the loops differ:
+ * da2_*: the four dense launches (state, arithmetic and selection in
+ * dense_alloc.cuh: DaRow, da_div, the weight functors, da_pick, da_fallback).
+ * A first version of the kernels (da_*, same arithmetic, plainer loops)
+ * measured 27.5 / 33.7 / 104.7 us against 26.1 / 32.4 / 91.9 for these at
+ * B = 1 / 4 / 64 (H200, 2026-11-29) and was removed.  What these do:
  *  - da2_vec: software-pipelined float4 tile loop: the loads of iteration
- *    k + 1 are issued before the elements of iteration k are processed (the
- *    da_* loop waits for every batch: ~4 exposed memory latencies per block
+ *    k + 1 are issued before the elements of iteration k are processed (a
+ *    plain loop waits for every batch: ~4 exposed memory latencies per block
  *    at B=64).  Same element -> thread map, same per-thread id order.
  *  - da2_mark: the per-element loop is instantiated per row kind (FLOOR/ALL,
  *    CAND, FALL; row-uniform, chosen outside the loop): no dead per-element
@@ -166,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
   if (threadIdx.x == 0) { if (na) atomicMax(&st[DA_ARG], na); if (!greedy) atomicAdd(&st[DA_S], S); }
 }
 
-/* as da_floor (see there), with the pipelined tile loop */
+/* the floor stage (dense_alloc.cuh's header), with the pipelined tile loop */
 extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int vec, int policy, u32* __restrict__ fine,
@@ -221,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
     if (cs) atomicAdd(&gh[tid], cs);
   }
   if (!da_last(st, DA_C1)) return;
-  /* ---- last block of the row (as da_floor) ---- */
+  /* ---- last block of the row ---- */
   const i64 remaining = (i64)DY_TOTAL - (i64)__ldcg(&st[DA_SB]);
   int kind, code = 0;
   if (remaining < 0 || remaining >= (i64)DY_TOTAL) { kind = DA_K_ERR; code = DY_ST_ALLOC_INCONSISTENT; }
@@ -264,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
   }
 }
 
-/* da_mark's last-block work (the bin's +1 by da_pick / da_fallback), out of line */
+/* the mark stage's last-block work (the bin's +1 by da_pick / da_fallback), out of line */
 static __device__ __noinline__ void da2_mark_tail(
     const void* x, int xdt, const void* bias, int bdt, i64 boff, double T, int logits, int V,
     i64 xoff, int kind, u64* st, const u64* cr, const u32* ci, u32* crow, DcShared& sh) {
@@ -295,7 +294,7 @@ DC_FN void da2_store(u32* crow, int v0, const u32* c, int cvec) {
   }
 }
 
-/* as da_mark (see there); the loop specialised per row kind */
+/* the mark stage (dense_alloc.cuh's header); the loop specialised per row kind */
 extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state,

@@ -198,6 +198,40 @@ DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, 
   return -1;
 }
 
+/* The tile's elements i = q * PK_NT + tid < n (ids lo + i): one batch of
+ * loads, then their coarse keys in registers (float order keys when fast, else
+ * the exact keys).  Returns the thread's first bad element as (id << 8) |
+ * status (ids increase with q), NONE_BAD if none.  NaN / +inf by bits (no f32
+ * compares: see dc_f2d). */
+DC_FN u64 pk_load_keys(const void* x, int xdt, i64 xoff, int lo, int n, bool fast,
+                       const void* bias, int bdt, i64 boff, double T, int logits,
+                       float (&xf)[PK_EPT], u64 (&c)[PK_EPT]) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int q = 0; q < PK_EPT; ++q) {
+    const int i = q * PK_NT + tid;
+    xf[q] = i < n ? load_f(x, xdt, xoff + lo + i) : __uint_as_float(0u);
+  }
+  u64 mybad = NONE_BAD;
+#pragma unroll
+  for (int q = 0; q < PK_EPT; ++q) {
+    const int i = q * PK_NT + tid;
+    int bad = 0; u64 k = 0;
+    if (i < n) {
+      if (fast) {
+        const u32 fb = __float_as_uint(xf[q]);
+        bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
+        k = pk_fkey(xf[q]);
+      } else {
+        k = rank_key(xf[q], bias, bdt, boff + lo + i, T, logits, &bad);
+      }
+      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
+    }
+    c[q] = k;
+  }
+  return mybad;
+}
+
 /* The tail, one warp: lane j < K holds the support entry of rank j (exact key
  * desc, id asc) as (key, id); lanes >= K hold (0, 0x7FFFFFFF).  Weights,
  * floor, largest remainders (ties: lowest id) or floor-first, the nonzero
@@ -311,32 +345,9 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
   u64* cc = cand_coarse + ((i64)row * R + r) * K;
   int* ci = cand_id + ((i64)row * R + r) * K;
   {
-    /* one batch of loads, then keys in registers */
     float xf[PK_EPT];
     u64 c[PK_EPT];
-#pragma unroll
-    for (int q = 0; q < PK_EPT; ++q) {
-      const int i = q * PK_NT + tid;
-      xf[q] = i < n ? load_f(x, xdt, xoff + lo + i) : __uint_as_float(0u);
-    }
-    u64 mybad = NONE_BAD;  /* the thread's first bad id (ids increase with q) */
-#pragma unroll
-    for (int q = 0; q < PK_EPT; ++q) {
-      const int i = q * PK_NT + tid;
-      int bad = 0; u64 k = 0;
-      if (i < n) {
-        if (fast) {  /* NaN / +inf by bits (no f32 compares: see dc_f2d) */
-          const u32 fb = __float_as_uint(xf[q]);
-          bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
-          k = pk_fkey(xf[q]);
-        } else {
-          k = rank_key(xf[q], bias, bdt, boff + lo + i, T, logits, &bad);
-        }
-        if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
-      }
-      c[q] = k;
-    }
-    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+    const u64 mybad = pk_load_keys(x, xdt, xoff, lo, n, fast, bias, bdt, boff, T, logits, xf, c);
     auto exact = [&](int q) -> u64 { return fast ? exact_x(xf[q], 0) : c[q]; };
     auto idf = [&](int q) { return lo + q * PK_NT + tid; };
     auto at = [&](int i) -> u64 { return exact_x(load_f(x, xdt, xoff + lo + i), lo + i); };
@@ -345,6 +356,9 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
     auto emit = [&](int rank, u64 k, int id, u64 cv) { ck[rank] = k; cc[rank] = cv; ci[rank] = id; };
     pk_select(c, exact, idf, at, coarse_at, id_at, n, K, etop, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
     for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
+    /* after pk_select's barriers: ordered after thread 0's ps.bad = NONE_BAD */
+    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+    __syncthreads();
   }
   const u64 bbad = ps.bad;
   if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
@@ -442,29 +456,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
   {
     float xf[PK_EPT];
     u64 c[PK_EPT];
-#pragma unroll
-    for (int q = 0; q < PK_EPT; ++q) {
-      const int i = q * PK_NT + tid;
-      xf[q] = i < n ? load_f(x, xdt, xoff + lo + i) : __uint_as_float(0u);
-    }
-    u64 mybad = NONE_BAD;
-#pragma unroll
-    for (int q = 0; q < PK_EPT; ++q) {
-      const int i = q * PK_NT + tid;
-      int bad = 0; u64 k = 0;
-      if (i < n) {
-        if (fast) {
-          const u32 fb = __float_as_uint(xf[q]);
-          bad = (fb & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (fb == 0x7F800000u ? DY_ST_X_POSINF : 0);
-          k = pk_fkey(xf[q]);
-        } else {
-          k = rank_key(xf[q], bias, bdt, boff + lo + i, T, logits, &bad);
-        }
-        if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
-      }
-      c[q] = k;
-    }
-    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+    const u64 mybad = pk_load_keys(x, xdt, xoff, lo, n, fast, bias, bdt, boff, T, logits, xf, c);
     /* selection in coarse space: coarse keys are the ranking keys here */
     auto key = [&](int q) -> u64 { return c[q]; };
     auto idf = [&](int q) { return lo + q * PK_NT + tid; };
@@ -479,6 +471,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
                             narrow ? PK_CAP : -1, emitd);
     const int used = S >= 0 ? S : min(K, n);
     for (int j = used + tid; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
+    /* after pk_select's barriers: ordered after thread 0's ps.bad = NONE_BAD */
+    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
     __syncthreads();
   }
   const u64 bbad = ps.bad;

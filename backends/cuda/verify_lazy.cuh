@@ -25,7 +25,7 @@
  * ambiguous row that the chain may reach is summed in parallel (no serial
  * slow path).
  *
- * dc_vlazy, grid (nt, B), 256 threads, tile vt (multiple of 1024):
+ * dc_vlazy2 (verify_lazy2.cuh), grid (nt, B), 256 threads, tile vt (a multiple of 1024):
  *   1. every block classifies the k tests of its request (warp w: tests
  *      w, w + 8, ...; P(d_i) read once; c_i(d_i): dense direct, sparse: last
  *      match of d_i over the W ids (dy_q_count), none: point mass) into
@@ -43,7 +43,7 @@
  *      AMB -> row status, then dy_accept with the exact T; REJ / bonus ->
  *      row status.  Then res_row / res_T (or -1 and the failure, tokens -1,
  *      accepted 0, status code) and accepted / the accepted tokens.
- * Stage 2 is dc_v2 (unchanged): the residual (bonus) row over many blocks.
+ * Stage 2 is dc_vres2 (verify_lazy2.cuh): the residual (bonus) row over many blocks.
  * Reads: the k values P(d_i), c_i(d_i) per block, ~1 + #AMB rows per request
  * in stage 1, the residual row (and a dense q row) in stage 2.
  * ====================================================================== */
@@ -121,185 +121,5 @@ struct LzShared {
   int ncand, is_last;
 };
 
-/* Split sums (P >> 32, P & (2^32 - 1)) and the validity of target[lo, hi):
- * <= 64 terms per thread (vt <= 16384); thread 0 gets the 128-bit sum. */
-DC_FN void lz_tile(const u32* t, int lo, int hi, int vec, LzShared& s, dy_u128* sum, u32* bad) {
-  const int tid = threadIdx.x;
-  u64 shi = 0, slo = 0; u32 bd = 0;
-  if (vec) {
-    const uint4* t4 = (const uint4*)(t + lo);
-    const int n4 = (hi - lo) >> 2;
-    for (int g0 = tid; g0 < n4; g0 += 256 * VU) {
-      uint4 buf[VU];
-#pragma unroll
-      for (int u = 0; u < VU; ++u) { int g = g0 + u * 256; buf[u] = g < n4 ? __ldg(&t4[g]) : make_uint4(0, 0, 0, 0); }
-#pragma unroll
-      for (int u = 0; u < VU; ++u) {
-        const u32 bb[4] = {buf[u].x, buf[u].y, buf[u].z, buf[u].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  /* padding words 0 add nothing and are valid */
-          const u64 p = dy_target_fixed_fast(bb[e]);
-          bd |= (u32)!dy_target_bits_valid(bb[e]);
-          shi += p >> 32; slo += p & 0xFFFFFFFFull;
-        }
-      }
-    }
-  } else {
-    for (int v0 = lo + tid; v0 < hi; v0 += 256 * 4 * VU) {
-      u32 buf[4 * VU];
-#pragma unroll
-      for (int u = 0; u < 4 * VU; ++u) { int v = v0 + u * 256; buf[u] = v < hi ? __ldg(&t[v]) : 0u; }
-#pragma unroll
-      for (int u = 0; u < 4 * VU; ++u) {
-        const u64 p = dy_target_fixed_fast(buf[u]);
-        bd |= (u32)!dy_target_bits_valid(buf[u]);
-        shi += p >> 32; slo += p & 0xFFFFFFFFull;
-      }
-    }
-  }
-  for (int o = 16; o; o >>= 1) {
-    shi += __shfl_xor_sync(0xffffffffu, shi, o);
-    slo += __shfl_xor_sync(0xffffffffu, slo, o);
-  }
-  bd = __reduce_or_sync(0xffffffffu, bd);
-  const int lane = tid & 31, wid = tid >> 5;
-  if (lane == 0) { s.shi[wid] = shi; s.slo[wid] = slo; s.bad[wid] = bd; }
-  __syncthreads();
-  if (tid == 0) {
-    u64 h = 0, l = 0; u32 b = 0;
-    for (int w = 0; w < 8; ++w) { h += s.shi[w]; l += s.slo[w]; b |= s.bad[w]; }
-    *sum = dy_add128(dy_make128(h >> 32, h << 32), dy_from64(l));
-    *bad = b;
-  }
-  __syncthreads();  /* s.shi / s.slo / s.bad reused by the next call */
-}
 
-extern "C" __global__ void __launch_bounds__(256) dc_vlazy(
-    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* part_lo, u64* part_hi, u32* part_bad, int* res_row, u64* res_T, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int vec) {
-  __shared__ LzShared s;
-  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const int k1 = k + 1;
-  /* 1. classify the k tests (warp per test); the key is loaded first (its
-   * latency overlaps the draft -> P(d), c(d) loads) */
-  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
-  if (lane == 0 && wid < k) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-  for (int i = wid; i < k; i += 8) {
-    const i64 qrow = (i64)b * k + i;
-    const int d = draft[qrow];
-    const bool inr = d >= 0 && d < V;
-    u32 c = 0;
-    if (qc && qi) {  /* dy_q_count: the last j < W with qi[j] == d */
-      const int* ir = qi + qrow * W;
-      int last = -1;
-      for (int j0 = 0; j0 < W; j0 += 32) {
-        const int j = j0 + lane;
-        const unsigned bal = __ballot_sync(0xffffffffu, j < W && ir[j] == d);
-        if (bal) last = j0 + 31 - __clz(bal);
-      }
-      if (lane == 0 && last >= 0) c = qc[qrow * W + last];
-    }
-    if (lane == 0) {
-      int cl = LZ_BAD, code = DY_ST_Q_ZERO_AT_DRAFT;
-      u64 P = 0;
-      if (inr) {
-        const u32 bits = target[((i64)b * k1 + i) * V + d];
-        if (!qc) c = DY_TOTAL;
-        else if (!qi) c = qc[qrow * V + d];
-        if (!dy_target_bits_valid(bits)) code = DY_ST_TARGET_INVALID_VALUE;
-        else if (c != 0) {
-          P = dy_target_fixed(bits);
-          cl = lz_classify(P, c, key, key.pos + (u32)i);
-          code = DY_ST_OK;
-        }
-      }
-      s.P[i] = P; s.c[i] = c; s.d[i] = d; s.cls[i] = cl; s.code[i] = code;
-    }
-  }
-  __syncthreads();
-  /* 2. candidate rows (the same in every block of the request) */
-  if (tid == 0) {
-    int n = 0, stop = k;
-    for (int i = 0; i < k; ++i) {
-      const int cl = s.cls[i];
-      if (cl == LZ_ACC) continue;
-      if (cl == LZ_AMB) { s.cand[n++] = i; continue; }
-      stop = cl == LZ_REJ ? i : -1;  /* BAD: no residual row */
-      break;
-    }
-    if (stop >= 0) s.cand[n++] = stop;
-    s.ncand = n;
-  }
-  __syncthreads();
-  const int ncand = s.ncand;
-  const int lo = tile * vt, hi = min(V, lo + vt);
-  for (int j = 0; j < ncand; ++j) {
-    const int i = s.cand[j];
-    dy_u128 sum; u32 bad;
-    lz_tile(target + ((i64)b * k1 + i) * V, lo, hi, vec, s, &sum, &bad);
-    if (tid == 0) {
-      const i64 o = ((i64)b * k1 + i) * nt + tile;
-      part_lo[o] = sum.lo; part_hi[o] = sum.hi; part_bad[o] = bad ? 1u : 0u;
-    }
-  }
-  /* 3. the last block of the request */
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s.is_last = atomicAdd(&cnt[b], 1u) == (u32)(nt - 1);
-  __syncthreads();
-  if (!s.is_last) return;
-  __threadfence();
-  if (tid == 0) cnt[b] = 0;
-  for (int j = wid; j < ncand; j += 8) {
-    const i64 o = ((i64)b * k1 + s.cand[j]) * nt;
-    dy_u128 sum = dy_make128(0, 0); u32 bad = 0;
-    for (int t = lane; t < nt; t += 32) {
-      sum = dy_add128(sum, dy_make128(__ldcg(&part_hi[o + t]), __ldcg(&part_lo[o + t])));
-      bad |= __ldcg(&part_bad[o + t]);
-    }
-    sum = warp_sum128(sum);
-    bad = __any_sync(0xffffffffu, bad != 0);
-    if (lane == 0) {
-      int st = DY_ST_OK;
-      if (bad) st = DY_ST_TARGET_INVALID_VALUE;
-      else if (sum.hi || (sum.lo > LZ_ONE ? sum.lo - LZ_ONE : LZ_ONE - sum.lo) > LZ_TOL) st = DY_ST_TARGET_SUM;
-      s.rst[j] = st; s.T[j] = sum.lo;
-    }
-  }
-  __syncthreads();
-  if (tid != 0) return;
-  int* tok = tokens + (i64)b * k1;
-  int code = DY_ST_OK, R = -1, j = 0;
-  u64 TR = 0;
-  for (int i = 0; i <= k; ++i) {
-    if (i == k) {  /* bonus row: the last candidate */
-      if (s.rst[j]) code = s.rst[j];
-      else { R = k; TR = s.T[j]; }
-      break;
-    }
-    const int cl = s.cls[i];
-    if (cl == LZ_BAD) { code = s.code[i]; break; }
-    if (cl == LZ_ACC) { tok[i] = s.d[i]; continue; }
-    const int jj = j++;  /* AMB or REJ: candidate jj is row i */
-    if (s.rst[jj]) { code = s.rst[jj]; break; }
-    if (cl == LZ_AMB) {
-      int ok = 0;
-      /* key: loaded by thread 0 in step 1 (k >= 1 here) */
-      code = dy_accept(s.P[i], s.T[jj], s.c[i], key.seed, key.gen, key.rnd, key.pos + (u32)i, &ok);
-      if (code) break;
-      if (ok) { tok[i] = s.d[i]; continue; }
-    }
-    R = i; TR = s.T[jj];
-    break;
-  }
-  if (code) {
-    for (int q = 0; q <= k; ++q) tok[q] = -1;
-    res_row[b] = -1; accepted[b] = 0; status[b] = code;
-    return;
-  }
-  for (int q = R; q <= k; ++q) tok[q] = -1;
-  res_row[b] = R; res_T[b] = TR; accepted[b] = R; status[b] = DY_ST_OK;
-}
 #endif /* LZ_CLASSIFY_ONLY */

@@ -1,5 +1,5 @@
 /* ========================================================================
- * verify, check="lazy", stage 2 variant (DYADIC_CUDA_LAZY=v2): dc_vres2, the
+ * verify, check="lazy", stage 2: dc_vres2, the
  * residual (or bonus) draw of each request, in place of dc_v2.  Included at
  * the end of dyadic_kernels.cu (uses dyadic_core.h, dyadic_cuda.cuh, ResRow /
  * res_weight / dc_resid_thr of that file).
@@ -311,16 +311,19 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
 }
 
 /* ------------------------------------------------------------------------
- * Stage 1 variant dc_vlazy2 (DYADIC_CUDA_LAZY=v2): dc_vlazy with, for small
+ * Stage 1, dc_vlazy2 (the algorithm of verify_lazy.cuh's header) with, for small
  * batches (pre != 0), row 0's first LZ_PRE 16-byte words per thread of the
  * tile loaded before the classification (used when row 0 is a candidate) and
  * an L2 prefetch of the dense q row of the last candidate (stage 2's residual
- * row when the chain ends at that rejection).  The sums, decisions and
- * outputs are dc_vlazy's (the same code; only the load order differs). */
+ * row when the chain ends at that rejection).  (A first version without the
+ * early loads, dc_vlazy, measured 21.2 / 30.0 / 72.8 us with dc_v2 against
+ * 21.5 / 25.3 / 59.7 for dc_vlazy2 + dc_vres2, B = 1 / 4 / 64; it was removed.) */
 #define LZ_PRE 4
 
-/* lz_tile with the first LZ_PRE x 256 16-byte words of the tile already in
- * pbuf (use_pre; padding words 0 add nothing and are valid). */
+/* Split sums (P >> 32, P & (2^32 - 1)) and the validity of target[lo, hi)
+ * (<= 64 terms per thread, vt <= 16384; thread 0 gets the 128-bit sum), with
+ * the first LZ_PRE x 256 16-byte words of the tile already in pbuf when
+ * use_pre (padding words 0 add nothing and are valid). */
 DC_FN void lz_tile2(const u32* t, int lo, int hi, int vec, LzShared& s, dy_u128* sum, u32* bad,
                     bool use_pre, const uint4 (&pbuf)[LZ_PRE]) {
   const int tid = threadIdx.x;
