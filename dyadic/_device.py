@@ -13,7 +13,9 @@ types and messages; the call synchronises to read the per-row status.
 closed (tokens / ids -1, counts 0, accepted 0) and its code (``dyadic._status``)
 is written to the per-row status array, which is returned as
 ``Verdict.status`` (verify) or written into ``out["status"]`` (propose,
-allocate).  Structural rules (shapes, dtypes) raise in both modes.
+allocate).  Structural rules (shapes, dtypes) raise in both modes.  A draft
+id outside [0, V) fails its request with Q_ZERO_AT_DRAFT (check=True raises
+the CPU path's "token ids must be in [0, V)" first).
 
 ``check="lazy"`` (verify only): like ``check=False``, but a request's target
 rows are read and validated only where its decisions need them: the value

@@ -397,9 +397,13 @@ DC_FN void vchain_body(const int b, const int lane,
   }
   const bool g = greedy[b] != 0;
   const i64 qrow = (i64)b * k;
-  if (!code && !g)
+  if (!code)
     for (int i = 0; i < k; ++i) {
       const int d = draft[qrow + i];
+      /* a draft id outside [0, V) fails the request closed (check=False; check=True
+       * raises on the host first), before any read at d (as verify_lazy does) */
+      if (d < 0 || d >= V) { code = DY_ST_Q_ZERO_AT_DRAFT; break; }
+      if (g) continue;
       const u32* qcr = qc ? qc + (qrow + i) * (qi ? W : V) : 0;
       const int* qir = (qc && qi) ? qi + (qrow + i) * W : 0;
       if (dy_q_count(qcr, qir, W, d, d) == 0) { code = DY_ST_Q_ZERO_AT_DRAFT; break; }
