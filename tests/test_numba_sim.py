@@ -19,7 +19,7 @@ import pytest
 # when no GPU is present.
 
 import dyadic  # noqa: E402
-from dyadic import _backend, _spec  # noqa: E402
+from dyadic import _backend, _spec, _status  # noqa: E402
 from dyadic._types import Dyadic  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -360,6 +360,33 @@ def test_verify_invalid_rows_same_status():
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_array_equal(t1, t2)
     assert s1.tolist() == [0, 10, 11, 10, 12]
+
+
+def test_verify_draft_out_of_range_fails_closed():
+    """Device path with check=False (kernel interface, no host validation): a draft id
+    outside [0, V) fails its request with Q_ZERO_AT_DRAFT before any read at it,
+    greedy rows included; the other requests are unaffected."""
+    rng = np.random.default_rng(81)
+    b, k, v = 4, 2, 40
+    target, draft, q = chain_case(rng, b, k, v, top_k=None, sparse_q=False)
+    draft = draft.astype(np.int32).copy()
+    draft[1, 1] = v
+    draft[2, 0] = -1
+    qc = np.asarray(q.counts).copy()
+    keys = keys_for(rng, b).broadcast(b, position_extra=k)
+    for greedy in (np.zeros(b, np.uint8), np.array([0, 1, 1, 0], np.uint8)):
+        outs = [np.zeros(b, np.int32), np.zeros((b, k + 1), np.int32), np.zeros(b, np.int32)]
+        NUMBA.verify(target, draft, qc, None, greedy, *keys, *outs)
+        acc, tok, st = outs
+        assert st.tolist()[1:3] == [_status.Q_ZERO_AT_DRAFT] * 2
+        assert (tok[1:3] == -1).all() and (acc[1:3] == 0).all()
+        assert st[0] == 0 and st[3] == 0
+        good = [0, 3]
+        ref = dyadic.verify(target[good], draft[good], Dyadic(qc[good], None, vocab_size=v),
+                            dyadic.Keys(*[np.asarray(f)[good] for f in keys]),
+                            greedy=greedy[good].astype(bool), backend="reference")
+        np.testing.assert_array_equal(tok[good], np.asarray(ref.tokens))
+        np.testing.assert_array_equal(acc[good], np.asarray(ref.accepted))
 
 
 @pytest.mark.slow

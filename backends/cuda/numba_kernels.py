@@ -342,9 +342,15 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
             break
         if tid == 0:
             TOT[b, i] = tl
-    if st == 0 and not g:
+    if st == 0:
         for i in range(k):
-            if q_at(qc, qi, qmode, b, i, draft[b, i], sh_k, sh_i, tid, tpb) == U0:
+            d = draft[b, i]
+            # a draft id outside [0, V) fails the request closed before any read at it
+            # (check=False on device arrays; the host path raises first)
+            if d < 0 or d >= n:
+                st = Q_ZERO_AT_DRAFT
+                break
+            if not g and q_at(qc, qi, qmode, b, i, d, sh_k, sh_i, tid, tpb) == U0:
                 st = Q_ZERO_AT_DRAFT
                 break
     if st != 0:
