@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import dyadic
+from dyadic.bench.timing import capture_graph
 
 from conftest import _load
 
@@ -190,17 +191,10 @@ def test_dense_device_graph_replay(cuda):
         return h
 
     fill(0)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    replay = capture_graph(step)
     for i in range(4):
         h = fill(i)
-        g.replay()
+        replay()
         torch.cuda.synchronize()
         got = cnt.cpu().numpy()
         sts = st.cpu().numpy()

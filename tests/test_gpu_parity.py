@@ -9,6 +9,7 @@ import pytest
 
 import dyadic
 from dyadic import _backend
+from dyadic.bench.timing import capture_graph
 
 from conftest import _load
 
@@ -289,17 +290,10 @@ def test_cuda_graph_replay(cuda):
         dyadic.verify(tgt, draft, None, keys, backend=cuda, check=False, out=vout)
 
     fill()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    replay = capture_graph(step)
     for _ in range(3):
         fill()
-        g.replay()
+        replay()
         torch.cuda.synchronize()
         hk = dyadic.Keys(seed=seed.cpu().numpy().astype(np.uint64), position=pos.cpu().numpy())
         xf = x.cpu()

@@ -19,6 +19,7 @@ import pytest
 
 import dyadic
 from dyadic import _spec, _status
+from dyadic.bench.timing import capture_graph
 from dyadic.reference import fixedpoint, philox, sampling
 
 from conftest import _load
@@ -605,17 +606,10 @@ def test_lazy_cuda_graph_replay(cuda, qkind):
         dyadic.verify(tgt, draft, qdev, keys, backend=cuda, check="lazy", out=out)
 
     fill()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    replay = capture_graph(step)
     for _ in range(3):
         fill()
-        g.replay()
+        replay()
         torch.cuda.synchronize()
         hk = dyadic.Keys(seed=seed.cpu().numpy().astype(np.uint64), position=pos.cpu().numpy())
         r2 = dyadic.verify(host["p"], host["d"], host["q"], hk, backend="cpu")

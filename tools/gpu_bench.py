@@ -13,24 +13,18 @@ import numpy as np
 import torch
 
 import dyadic
+from dyadic.bench.timing import capture_graph
 
 V = 129280
 
 
 def graph_time(fn, reps=200):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(); fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    replay = capture_graph(fn)
     for _ in range(10):
-        g.replay()
+        replay()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for a, b in ev:
-        a.record(); g.replay(); b.record()
+        a.record(); replay(); b.record()
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
 

@@ -10,6 +10,7 @@ import sys
 import torch
 
 import dyadic
+from dyadic.bench.timing import capture_graph
 
 V = 129280
 dev = "cuda"
@@ -61,17 +62,11 @@ def alloc(B):
 
 def replay_floor():
     x = torch.zeros(1, device=dev)
-    gr = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        x.add_(1)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(gr):
-        x.add_(1)
+    replay = capture_graph(lambda: x.add_(1))
     ts = []
     for _ in range(300):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); gr.replay(); b.record(); b.synchronize()
+        a.record(); replay(); b.record(); b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3)
     print(f"graph replay floor (one trivial kernel): {statistics.median(ts):.1f} us", flush=True)
 

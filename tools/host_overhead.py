@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import dyadic
+from dyadic.bench.timing import capture_graph
 from dyadic.backends.cuda import cupy_backend, launch
 
 V = 129280
@@ -142,18 +143,11 @@ def graph_check():
                        check=False, out=po)
         dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"], backend="cuda", check=False,
                       out=vo)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    cg = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(cg):
-        step()
+    replay = capture_graph(step)
     d["logits"].copy_((torch.randn(B, V, device="cuda", generator=g) * 3).to(torch.bfloat16))
     for t in (*po.values(), *vo.values()):
         t.view(torch.int32).fill_(7)  # a replay that launched nothing would leave these
-    cg.replay()
+    replay()
     torch.cuda.synchronize()
     rep = [t.cpu().numpy() for t in (*po.values(), *vo.values())]
     step()
