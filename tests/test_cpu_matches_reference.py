@@ -162,6 +162,18 @@ def test_philox_matches():
         np.testing.assert_array_equal(a, r)
 
 
+def test_propose_kernel_needs_one_key_per_row():
+    """The CPU kernel reads the key arrays by raw pointer: short ones are refused."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 20)).astype(np.float32)
+    seed, gen, rnd, pos = keys_arrays(rng, 3)
+    with pytest.raises(ValueError, match=r"propose: seed, generation, round, position and "
+                                         r"tokens need 3 entries \(one per row\)"):
+        cpu.propose(x, None, np.ones(3), 0, 4, seed[:2], gen, rnd, pos, np.zeros(3, np.int32),
+                    np.zeros((3, 4), np.uint32), np.zeros((3, 4), np.int32),
+                    np.zeros(3, np.int32))
+
+
 @pytest.mark.parametrize("top_k", [0, 3, 32])
 @pytest.mark.parametrize("v", [1, 2, 111])
 def test_draw_and_propose(v, top_k):

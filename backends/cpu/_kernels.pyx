@@ -29,8 +29,11 @@ def exp2_neg_q62(uint32_t f):
     return dy_exp2_neg_q62(f)
 
 
-def allocate(const float[:, ::1] x, bias, const double[::1] temperature, bint logits,
-             int policy, int top_k, uint32_t[:, ::1] counts, ids, int32_t[::1] status):
+cdef int _alloc_rows(const float[:, ::1] x, bias, const double[::1] temperature, bint logits,
+                     int policy, int top_k, uint32_t[:, ::1] counts, ids, int32_t[::1] status,
+                     const uint64_t *seed, const uint32_t *generation, const uint32_t *round,
+                     const uint32_t *position, int32_t *tokens) except -1:
+    """allocate (tokens NULL) or propose (tokens and the four key arrays, length B) per row."""
     cdef Py_ssize_t b, B = x.shape[0]
     cdef uint32_t V = <uint32_t>x.shape[1]
     cdef const float[:, ::1] bv
@@ -52,38 +55,35 @@ def allocate(const float[:, ::1] x, bias, const double[::1] temperature, bint lo
             ip = NULL
             if top_k:
                 ip = &iv[b, 0]
-            status[b] = dy_allocate_row(&x[b, 0], bp, temperature[b], logits, policy, V,
-                                        <uint32_t>top_k, &counts[b, 0], ip, &ws[0], NULL)
+            if tokens != NULL:
+                status[b] = dy_propose_row(&x[b, 0], bp, temperature[b], policy, V,
+                                           <uint32_t>top_k, seed[b], generation[b], round[b],
+                                           position[b], &tokens[b], &counts[b, 0], ip, &ws[0])
+            else:
+                status[b] = dy_allocate_row(&x[b, 0], bp, temperature[b], logits, policy, V,
+                                            <uint32_t>top_k, &counts[b, 0], ip, &ws[0], NULL)
+    return 0
+
+
+def allocate(const float[:, ::1] x, bias, const double[::1] temperature, bint logits,
+             int policy, int top_k, uint32_t[:, ::1] counts, ids, int32_t[::1] status):
+    _alloc_rows(x, bias, temperature, logits, policy, top_k, counts, ids, status,
+                NULL, NULL, NULL, NULL, NULL)
 
 
 def propose(const float[:, ::1] x, bias, const double[::1] temperature, int policy, int top_k,
             const uint64_t[::1] seed, const uint32_t[::1] generation, const uint32_t[::1] round,
             const uint32_t[::1] position, int32_t[::1] tokens, uint32_t[:, ::1] counts, ids,
             int32_t[::1] status):
-    cdef Py_ssize_t b, B = x.shape[0]
-    cdef uint32_t V = <uint32_t>x.shape[1]
-    cdef const float[:, ::1] bv
-    cdef int32_t[:, ::1] iv
-    cdef const float *bp = NULL
-    cdef int32_t *ip = NULL
-    cdef Py_ssize_t nb = 0
-    cdef uint64_t[::1] ws = np.empty(max(<Py_ssize_t>dy_alloc_ws_words(V, top_k), 1), np.uint64)
-    if bias is not None:
-        bv = bias
-        nb = bv.shape[0]
-    if ids is not None:
-        iv = ids
-    with nogil:
-        for b in range(B):
-            bp = NULL
-            if nb:
-                bp = &bv[b if nb > 1 else 0, 0]
-            ip = NULL
-            if top_k:
-                ip = &iv[b, 0]
-            status[b] = dy_propose_row(&x[b, 0], bp, temperature[b], policy, V, <uint32_t>top_k,
-                                       seed[b], generation[b], round[b], position[b],
-                                       &tokens[b], &counts[b, 0], ip, &ws[0])
+    cdef Py_ssize_t B = x.shape[0]
+    if min(seed.shape[0], generation.shape[0], round.shape[0], position.shape[0],
+           tokens.shape[0]) < B:
+        raise ValueError(f"propose: seed, generation, round, position and tokens need {B} "
+                         f"entries (one per row)")
+    if B == 0:
+        return
+    _alloc_rows(x, bias, temperature, True, policy, top_k, counts, ids, status,
+                &seed[0], &generation[0], &round[0], &position[0], &tokens[0])
 
 
 def draw(const uint32_t[:, ::1] counts, ids, const uint64_t[::1] seed,
