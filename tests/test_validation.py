@@ -188,6 +188,25 @@ def test_verify_structure():
         dyadic.verify(p, d, q, Keys(1), greedy=np.zeros(3, bool), backend="reference")
     with pytest.raises(TypeError, match="greedy: dtype int64 is not bool"):
         dyadic.verify(p, d, q, Keys(1), greedy=np.zeros(2, np.int64), backend="reference")
+    with pytest.raises(ValueError, match=r"check: expected True, False or 'lazy', got 'fast'"):
+        dyadic.verify(p, d, q, Keys(1), backend="reference", check="fast")
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_verify_check_lazy_on_host_arrays_validates_in_full(backend):
+    """Host arrays: check="lazy" is full validation, the same result and the same errors."""
+    p, d, q = _verify_case()
+    r1 = dyadic.verify(p, d, q, Keys(5), backend=backend)
+    r2 = dyadic.verify(p, d, q, Keys(5), backend=backend, check="lazy")
+    np.testing.assert_array_equal(r1.tokens, r2.tokens)
+    np.testing.assert_array_equal(r1.accepted, r2.accepted)
+    bad = p.copy()
+    bad[1, 2, :] *= 0.5  # an unread row (after the last draft) still fails on the host
+    with pytest.raises(ValueError) as e1:
+        dyadic.verify(bad, d, q, Keys(5), backend=backend)
+    with pytest.raises(ValueError) as e2:
+        dyadic.verify(bad, d, q, Keys(5), backend=backend, check="lazy")
+    assert str(e1.value) == str(e2.value)
 
 
 def test_dyadic_construction_rules():
