@@ -126,7 +126,7 @@ def _pfix(bits):
 
 
 def lazy_verify_model(target_bits, draft, q_rows, keys, position):
-    """dc_vlazy + dc_v2 as a Python model: (status, accepted, tokens, rows read in full)."""
+    """dc_vlazy2 + dc_vres2 as a Python model: (status, accepted, tokens, rows read in full)."""
     k = len(draft)
     cls = []
     for i, d in enumerate(draft):
