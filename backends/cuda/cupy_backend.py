@@ -310,6 +310,30 @@ def _ptr(a):
 
 _NULL = np.uint64(0)
 _U64 = np.uint64
+_NO_KEYS = [_NULL] * 4  # key pointers of allocate (no draw)
+
+
+class _Int32s(dict):
+    """``_I32[v]``: np.int32(v), made once per value (constructing an np.int32 costs
+    ~0.3-0.7 us, a dict lookup ~30 ns; a launch has ~10 such arguments).  Bounded."""
+
+    def __missing__(self, v):
+        if len(self) > 4096:
+            self.clear()
+        i = self[v] = np.int32(v)
+        return i
+
+
+_I32 = _Int32s()
+
+
+def _launch_plan(kernel, grid, block, buffers):
+    """What the hot paths keep per launch plan: the kernel, its grid and block as
+    3-tuples (Kernel.launch), the scratch ``buffers`` (kept here so that they stay
+    allocated: ``scratch`` may replace a cached buffer by a larger one) and their device
+    pointers as ints (no cupy.ndarray conversion per launch)."""
+    return (kernel, (*grid, 1, 1)[:3], (*block, 1, 1)[:3], tuple(buffers),
+            tuple(int(b.data.ptr) for b in buffers))
 
 
 class _Call:
@@ -448,24 +472,30 @@ class CupyBackend:
                counts, ids, status):
         call = _Call()
         batch, v = int(x.shape[0]), int(x.shape[1])
-        bias_rows = 0 if bias is None else int(bias.shape[0])
-        common = (call(x), _x_code(x), call(bias), np.int32(0 if bias is None else _x_code(bias)),
-                  np.int32(bias_rows), call(temperature), np.int32(bool(logits)),
-                  np.int32(greedy_ok), np.int32(v))
+        dev = _device_id()
+        if bias is None:
+            bias_ptr, bias_code, bias_rows = _NULL, _I32[0], _I32[0]
+        else:
+            bias_ptr, bias_code, bias_rows = call(bias), _x_code(bias), _I32[int(bias.shape[0])]
+        common = (call(x), _x_code(x), bias_ptr, bias_code, bias_rows, call(temperature),
+                  _I32[bool(logits)], _I32[greedy_ok], _I32[v])
         do_draw = tokens is not None
         if do_draw:
             kptrs, kfmt = _keys(call, *keys, batch)
         else:
-            kptrs, kfmt = [np.uint64(0)] * 4, 0
+            kptrs, kfmt = _NO_KEYS, 0
+        pk_tiles = -(-v // (_PK_NT * _PK_EPT))
         if (top_k and int(top_k) <= _PK_KMAX and _PK_MODE in ("1", "2")
-                and -(-v // (_PK_NT * _PK_EPT)) * int(top_k) <= _PK_NT * _PK_EPT):
-            self._topk_fast(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
-                            tokens, counts, ids, status)
+                and pk_tiles * int(top_k) <= _PK_NT * _PK_EPT):
+            fast = (self._topk_fast2 if _PK_MODE == "2" and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT
+                    else self._topk_fast)
+            fast(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call, tokens,
+                 counts, ids, status, dev)
         elif top_k:
             k = int(top_k)
             kc = min(k, _TILE)
             ntiles = (v + _TILE - 1) // _TILE
-            pk = ("topk", _device_id(), batch, v, k)
+            pk = ("topk", dev, batch, v, k)
             bufs = _PLANS.get(pk)
             if bufs is None:  # scratch buffers cached per (device, shape): no lookups per call
                 n = batch * ntiles * kc
@@ -480,9 +510,9 @@ class CupyBackend:
             # paths passed the full parity suite there (2026-11-29).
             fast = k <= _KSMALL and (_TOPK_MODE == "rank"
                                      or (_TOPK_MODE != "radix" and batch <= _FAST_MAX_BATCH))
-            args = common + (np.int32(k), np.int32(kc), np.int32(ntiles), np.int32(policy),
-                             np.int32(do_draw), np.int32((2 if _TOPK_STAGE else 1) if fast else 0),
-                             *kptrs, np.int32(kfmt), cand_key, cand_id,
+            args = common + (_I32[k], _I32[kc], _I32[ntiles], _I32[policy], _I32[do_draw],
+                             _I32[(2 if _TOPK_STAGE else 1) if fast else 0],
+                             *kptrs, _I32[kfmt], cand_key, cand_id,
                              tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt,
                              call(tokens, True), call(counts, True), call(ids, True),
                              call(status, True))
@@ -501,57 +531,55 @@ class CupyBackend:
         call.finish()
 
     def _topk_fast(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
-                   counts, ids, status):
-        """top_k <= 32: pk_topk (propose_fast.cuh), one launch, grid (R, B).
+                   counts, ids, status, dev):
+        """top_k <= 32, DYADIC_CUDA_PK=1: pk_topk (propose_fast.cuh), one launch, grid (R, B).
 
         Tile (ids per block) PK_NT * PK_EPT = 4096: on the H200 (2026-11-29,
         V=129280, bf16) it beat 1024 and 2048 at B=1/4/64 (the per-block latency
         chain, not bandwidth, dominates).  R * K candidates (<= PK_NT * PK_EPT)
         go to the last block of the row.  DYADIC_CUDA_PK_CHUNK overrides the tile
-        (<= 4096; R * K must stay <= 4096)."""
-        two = _PK_MODE == "2" and -(-v // (_PK_NT * _PK_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT
-        if two:
-            return self._topk_fast2(common, batch, v, k, policy, do_draw, kptrs, kfmt, call,
-                                    tokens, counts, ids, status)
-        pk = ("pk", _device_id(), batch, v, k)
+        (<= 4096; R * K must stay <= 4096).  ``_alloc`` picks pk_topk2 (DYADIC_CUDA_PK=2,
+        the default) where its candidate slots fit."""
+        pk = ("pk", dev, batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
             chunk = min(_PK_CHUNK or _PK_NT * _PK_EPT, _PK_NT * _PK_EPT)
             if -(-v // chunk) * k > _PK_NT * _PK_EPT:
                 chunk = _PK_NT * _PK_EPT
             r = -(-v // chunk)
-            plan = (np.int32(r), np.int32(chunk), r,
-                    scratch("pk_cand_key", 8 * batch * r * k),
-                    scratch("pk_cand_coarse", 8 * batch * r * k), scratch("pk_cand_id", 4 * batch * r * k),
-                    scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch),
-                    _kernel("pk_topk"))
+            plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
+                _kernel("pk_topk"), (r, batch), (_PK_NT,),
+                (scratch("pk_cand_key", 8 * batch * r * k),
+                 scratch("pk_cand_coarse", 8 * batch * r * k),
+                 scratch("pk_cand_id", 4 * batch * r * k), scratch("pk_blk_bad", 8 * batch * r),
+                 scratch("pk_counters", 4 * batch)))
             _PLANS[pk] = plan
-        r32, chunk32, r, ckey, ccoarse, cid, bbad, ctr, fn = plan
-        args = common + (np.int32(k), r32, chunk32, np.int32(policy), np.int32(do_draw), *kptrs,
-                         np.int32(kfmt), ckey, ccoarse, cid, bbad, ctr, call(tokens, True),
-                         call(counts, True), call(ids, True), call(status, True))
-        fn((r, batch), (_PK_NT,), args)
+        r32, chunk32, fn, grid, block, _, (ckey, ccoarse, cid, bbad, ctr) = plan
+        fn.launch(grid, block, common + (
+            _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey,
+            ccoarse, cid, bbad, ctr, call(tokens, True), call(counts, True), call(ids, True),
+            call(status, True)))
 
     def _topk_fast2(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
-                    counts, ids, status):
+                    counts, ids, status, dev):
         """DYADIC_CUDA_PK=2: pk_topk2 (survivors written unranked; exact keys for the K
         winners only), tile PK_NT * PK_EPT ids, R * PK_CAP candidate slots per row."""
-        pk = ("pk2", _device_id(), batch, v, k)
+        pk = ("pk2", dev, batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
             chunk = _PK_NT * _PK_EPT
             r = -(-v // chunk)
-            plan = (np.int32(r), np.int32(chunk), r,
-                    scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
-                    scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
-                    scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch),
-                    _kernel("pk_topk2"))
+            plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
+                _kernel("pk_topk2"), (r, batch), (_PK_NT,),
+                (scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
+                 scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
+                 scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch)))
             _PLANS[pk] = plan
-        r32, chunk32, r, ckey, cid, bbad, ctr, fn = plan
-        args = common + (np.int32(k), r32, chunk32, np.int32(policy), np.int32(do_draw), *kptrs,
-                         np.int32(kfmt), ckey, cid, bbad, ctr, call(tokens, True),
-                         call(counts, True), call(ids, True), call(status, True))
-        fn((r, batch), (_PK_NT,), args)
+        r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
+        fn.launch(grid, block, common + (
+            _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey, cid,
+            bbad, ctr, call(tokens, True), call(counts, True), call(ids, True),
+            call(status, True)))
 
     # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
     _DA_RS = 144
@@ -588,9 +616,9 @@ class CupyBackend:
         dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw = plan
         cnt, st = call(counts, True), call(status, True)
         tk = call(tokens, True) if do_draw else _NULL
-        vec = np.int32(int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0)
-        cvec = np.int32(v % 4 == 0 and int(cnt) % 16 == 0)
-        pol = np.int32(policy)
+        vec = _I32[int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0]
+        cvec = _I32[v % 4 == 0 and int(cnt) % 16 == 0]
+        pol = _I32[policy]
         grid, blk = (nti, batch), (256,)
         base = common + (dt, vec)
         kmax(grid, blk, base + (state,))
@@ -598,7 +626,7 @@ class CupyBackend:
         kfloor(grid, blk, base + (pol, fine, state))
         kmark(grid, blk, base + (pol, state, cand_r, cand_i, cnt, cvec, st))
         if do_draw:
-            kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, np.int32(kfmt), tk))
+            kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, _I32[kfmt], tk))
 
     def _dense_mb(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                   status):
@@ -647,8 +675,8 @@ class CupyBackend:
         call = _Call()
         batch, w = int(counts.shape[0]), int(counts.shape[1])
         kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
-        args = (call(counts), call(ids), np.int32(w), *kptrs, np.int32(kfmt), call(tokens, True))
-        _kernel("dc_draw")((batch,), (256,), args)
+        args = (call(counts), call(ids), _I32[w], *kptrs, _I32[kfmt], call(tokens, True))
+        _kernel("dc_draw").launch((batch, 1, 1), (256, 1, 1), args)
         call.finish()
 
     # --------------------------------------------------------------- verify
@@ -666,7 +694,7 @@ class CupyBackend:
         t, d = call(target), call(draft)
         qc, qi, g = call(q_counts), call(q_ids), call(greedy)
         a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
-        v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
+        v32, w32, k32 = _I32[v], _I32[w], _I32[k]
         if _VERIFY_MODE not in ("split", "old"):
             # bandwidth path: runtime tiles (>= ~4 blocks per SM), 16-byte loads, one
             # block reduction per tile; residual tiles spread over many blocks.  The
@@ -680,26 +708,28 @@ class CupyBackend:
                 nt1 = (v + vt - 1) // vt
                 rt = _tile_for(v, batch, nsm, 8192)
                 nrt2 = (v + rt - 1) // rt
-                plan = (nt1, rt, nrt2, vt,
-                        (scratch("part_lo", 8 * rows * nt1), scratch("part_hi", 8 * rows * nt1),
-                         scratch("part_max", 8 * rows * nt1), scratch("part_bad", 4 * rows * nt1)),
-                        scratch("res_row", 4 * batch), scratch("res_T", 8 * batch),
-                        scratch("rpart", 16 * batch * nrt2), scratch("vcnt", 4 * batch),
-                        scratch("rcnt", 4 * batch), _kernel("dc_v1"), _kernel("dc_v2"))
+                plan = ((np.int32(nt1), np.int32(vt), np.int32(nrt2), np.int32(rt))
+                        + _launch_plan(_kernel("dc_v1"), (nt1, rows), (256,), (
+                            scratch("part_lo", 8 * rows * nt1), scratch("part_hi", 8 * rows * nt1),
+                            scratch("part_max", 8 * rows * nt1),
+                            scratch("part_bad", 4 * rows * nt1), scratch("res_row", 4 * batch),
+                            scratch("res_T", 8 * batch), scratch("rpart", 16 * batch * nrt2),
+                            scratch("vcnt", 4 * batch), scratch("rcnt", 4 * batch)))
+                        + (_kernel("dc_v2"), (nrt2, batch, 1)))
                 _PLANS[pk] = plan
-            nt1, rt, nrt2, vt, parts, res_row, res_t, rpart, vcnt, rcnt, k1fn, k2fn = plan
-            vec_t = v % 4 == 0 and int(t) % 16 == 0
-            vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
+            (nt1, vt, nrt2, rt, k1fn, grid1, block, _, ptrs, k2fn, grid2) = plan
+            plo, phi, pmax, pbad, res_row, res_t, rpart, vcnt, rcnt = ptrs
+            vec_t = _I32[v % 4 == 0 and t % 16 == 0]
+            vec_q = _I32[qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0]
+            kfmt = _I32[kfmt]
             if _STAGE_ONLY != 2:
-              k1fn((nt1, rows), (256,),
-                 (t, d, qc, qi, w32, g, np.int32(batch), k32, v32, np.int32(nt1), *parts,
-                  *kptrs, np.int32(kfmt), res_row, res_t, a, tk, st, vcnt, np.int32(vt),
-                  np.int32(vec_t)))
+                k1fn.launch(grid1, block, (
+                    t, d, qc, qi, w32, g, _I32[batch], k32, v32, nt1, plo, phi, pmax, pbad,
+                    *kptrs, kfmt, res_row, res_t, a, tk, st, vcnt, vt, vec_t))
             if _STAGE_ONLY != 1:
-              k2fn((nrt2, batch), (256,),
-                 (t, d, qc, qi, w32, k32, v32, np.int32(nrt2), *kptrs, np.int32(kfmt),
-                  res_row, res_t, rpart, a, tk, st, rcnt, np.int32(rt), np.int32(vec_t),
-                  np.int32(vec_q)))
+                k2fn.launch(grid2, block, (
+                    t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt, res_row, res_t, rpart, a,
+                    tk, st, rcnt, rt, vec_t, vec_q))
             call.finish()
             return
         ntiles = (v + _VTILE - 1) // _VTILE

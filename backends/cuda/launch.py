@@ -210,6 +210,14 @@ def _handle_of(func):
     return None
 
 
+def _dims(dims3):
+    """Launch dimensions for messages: the 3-tuple without its trailing 1s."""
+    d = tuple(dims3[:3])
+    while len(d) > 1 and d[-1] == 1:
+        d = d[:-1]
+    return d
+
+
 class Kernel:
     """``kernel(grid, block, args, stream=None)``: one launch of a CUfunction.
 
@@ -229,14 +237,28 @@ class Kernel:
         self._free = []
 
     def __call__(self, grid, block, args, stream=None):
-        lib = _STATE["lib"]
-        if lib is None or MODE == "cupy" or self.handle is None:
-            if _STATE["loaded"] or MODE == "cupy" or self.handle is None or load() is None:
-                return self._cupy(grid, block, args, stream)
-            lib = _STATE["lib"]
+        if self.uses_cupy():
+            return self._cupy(grid, block, args, stream)
         nd = _ND
-        vals = [a.data.ptr if type(a) is nd else a for a in args]  # fill(), inlined
-        n = len(vals)
+        self.launch((*grid, 1, 1)[:3], (*block, 1, 1)[:3],
+                    [a.data.ptr if type(a) is nd else a for a in args], stream)
+
+    def uses_cupy(self):
+        """True when this kernel launches through CuPy (MODE "cupy", no driver, no handle)."""
+        if _STATE["lib"] is None or MODE == "cupy" or self.handle is None:
+            return _STATE["loaded"] or MODE == "cupy" or self.handle is None or load() is None
+        return False
+
+    def launch(self, grid3, block3, args, stream=None):
+        """``__call__`` for callers that did its conversions (the hot paths of
+        cupy_backend): ``grid3`` / ``block3`` padded to 3 entries, ``args`` without
+        cupy.ndarray (pointers as ints)."""
+        lib = _STATE["lib"]
+        if lib is None or MODE == "cupy" or self.handle is None:  # one test, then the
+            if self.uses_cupy():  # common path runs straight through
+                return self._cupy(grid3, block3, args, stream)
+            lib = _STATE["lib"]
+        n = len(args)
         try:
             slots = self._free.pop()
         except IndexError:
@@ -244,7 +266,7 @@ class Kernel:
         if slots.cap < n:
             slots = _Slots(n)
         try:
-            (_SIGNED.get(n) or _struct(_SIGNED, "q", n)).pack_into(slots.buf, 0, *vals)
+            (_SIGNED.get(n) or _struct(_SIGNED, "q", n)).pack_into(slots.buf, 0, *args)
         except (struct.error, TypeError, OverflowError):
             (_UNSIGNED.get(n) or _struct(_UNSIGNED, "Q", n)).pack_into(
                 slots.buf, 0, *[slot_value(a, self.name) for a in args])
@@ -253,22 +275,31 @@ class Kernel:
         st = _STREAM_ARGS.get(stream)
         if st is None:
             st = _stream_arg(stream)
-        g = (*grid, 1, 1)
-        b = (*block, 1, 1)
+        g0, g1, g2 = grid3
+        b0, b1, b2 = block3
         try:
-            rc = lib.launch(self.handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, st, slots.arg,
-                            None)
-        except ctypes.ArgumentError:  # numpy integers as dimensions: plain ints
+            rc = lib.launch(self.handle, g0, g1, g2, b0, b1, b2, 0, st, slots.arg, None)
+        except ctypes.ArgumentError:  # numpy integers as dimensions: _retry as plain ints
             rc = None
-        if rc is None or (rc == CUDA_ERROR_INVALID_CONTEXT and _ON_INVALID_CONTEXT is not None):
-            if rc is not None:  # a thread that never touched the runtime: retry once
-                _ON_INVALID_CONTEXT()
-            rc = lib.launch(self.handle, int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]),
-                            int(b[2]), 0, st, slots.arg, None)
+        if rc != 0:
+            rc = self._retry(lib, rc, grid3, block3, st, slots)
         self._free.append(slots)
         if rc:
             raise RuntimeError(f"cuLaunchKernel({self.name}) failed: {lib.error_name(rc)} "
-                               f"({rc}); grid {tuple(grid)}, block {tuple(block)}")
+                               f"({rc}); grid {_dims(grid3)}, block {_dims(block3)}")
+
+    def _retry(self, lib, rc, grid3, block3, st, slots):
+        """The launch again where a retry can succeed, else ``rc`` unchanged: dimensions
+        ctypes refused (``rc`` None: numpy integers) as plain ints, and
+        CUDA_ERROR_INVALID_CONTEXT (a thread that never touched the runtime) once, after
+        making the device's primary context current."""
+        if rc is not None:
+            if rc != CUDA_ERROR_INVALID_CONTEXT or _ON_INVALID_CONTEXT is None:
+                return rc
+            _ON_INVALID_CONTEXT()
+        g0, g1, g2 = (int(d) for d in grid3)
+        b0, b1, b2 = (int(d) for d in block3)
+        return lib.launch(self.handle, g0, g1, g2, b0, b1, b2, 0, st, slots.arg, None)
 
     def _cupy(self, grid, block, args, stream):
         if stream is None:
