@@ -94,6 +94,12 @@ _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da2")
 # stage-1 prefetch (row 0's first tile words before the classification, L2 prefetch of q).
 _LAZY_VT = int(os.environ.get("DYADIC_CUDA_LAZY_VT", "16384"))
 _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
+# DYADIC_CUDA_LAZY=fused (default): dc_vfused, one launch (verify_fused.cuh: the residual
+# row's total and its chunk sums in one pass, the selection decided for every valid total,
+# ambiguous 64-id chunks summed again exactly by the last block); =2: dc_vlazy2 + dc_vres2.
+# The fused kernel takes vocabularies up to _VF_MAXV (<= 128 tiles of <= 8192 ids).
+_LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
+_VF_MAXV = 128 * 8192
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
@@ -763,7 +769,8 @@ class CupyBackend:
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
                     accepted, tokens, status):
-        """verify with check="lazy" (no greedy rows): dc_vlazy2 + dc_vres2 (verify_lazy*.cuh)."""
+        """verify with check="lazy" (no greedy rows): dc_vfused (verify_fused.cuh), or
+        dc_vlazy2 + dc_vres2 (verify_lazy*.cuh) with DYADIC_CUDA_LAZY=2 or a larger V."""
         batch, k1, v = (int(s) for s in target.shape)
         k = k1 - 1
         if k > _MAX_K_VERIFY:
@@ -775,8 +782,33 @@ class CupyBackend:
         t, d = call(target), call(draft)
         qc, qi = call(q_counts), call(q_ids)
         a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
-        self._verify_lazy_v2(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, _device_id())
+        if _LAZY_MODE == "fused" and v <= _VF_MAXV:
+            self._verify_lazy_fused(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v,
+                                    _device_id())
+        else:
+            self._verify_lazy_v2(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v,
+                                 _device_id())
         call.finish()
+
+    def _verify_lazy_fused(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
+        """dc_vfused: the tests, the candidate rows' totals and chunk sums, the walk and the
+        residual / bonus draw in one launch (verify_fused.cuh)."""
+        k1 = k + 1
+        pk = ("verify_lazy_fused", dev, batch, k1, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            vt = _tile_for(v, batch, _num_sms(), 8192)  # <= 8192: <= 128 chunks per tile
+            nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
+            nch = (v + 63) // 64
+            plan = ((nt, batch), np.int32(vt), np.int32(nt),
+                    scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
+                    scratch("vf_rchunk", 16 * batch * k1 * nch), scratch("vf_cnt", 4 * batch),
+                    _kernel("dc_vfused"), np.int32(batch <= _LAZY_PRE))
+            _PLANS[pk] = plan
+        grid, vt, nt32, tpart, rchunk, cnt, kern, pre = plan
+        kern(grid, (256,),
+             (t, d, qc, qi, np.int32(w), np.int32(k), np.int32(v), nt32, *kptrs, np.int32(kfmt),
+              tpart, rchunk, a, tk, st, cnt, vt, pre))
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
         """dc_vlazy2 (classification, candidate-row sums) + dc_vres2 (residual / bonus draw)."""

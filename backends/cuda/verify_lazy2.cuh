@@ -76,25 +76,25 @@ DC_FN dy_u128 lr_scan(dy_u128 v) {  /* warp inclusive scan */
 }
 
 /* One warp: j in [0, n) with S(j) <= x < S(j + 1), S the prefix sums of the
- * 128-bit values a[0..n); *off = x - S(j).  With first, x is drawn below the
+ * 128-bit values load(0..n) (load(j): the j-th value); *off = x - S(j).  With first, x is drawn below the
  * total first (lane 0, drawx; zero total or exhaustion: -1).  -1 when x is not
  * below the total.  Every lane returns the same. */
-template <class D>
-DC_FN int lr_find(const u64* a, int n, bool first, D drawx, dy_u128 x, dy_u128* off) {
+template <class LD, class D>
+DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) {
   const int lane = threadIdx.x & 31;
   dy_u128 w[LR_PL];
   dy_u128 s = dy_make128(0, 0);
 #pragma unroll
   for (int e = 0; e < LR_PL; ++e) {
     const int j = lane * LR_PL + e;
-    w[e] = j < n ? lr_ld(a, j) : dy_make128(0, 0);
+    w[e] = j < n ? load(j) : dy_make128(0, 0);
     s = dy_add128(s, w[e]);
   }
   dy_u128 inc = lr_scan(s);
   if (first) {
     dy_u128 ex = dy_make128(0, 0);  /* ids beyond the first pass (n > 32 LR_PL) */
 #pragma unroll 4
-    for (int j = 32 * LR_PL + lane; j < n; j += 32) ex = dy_add128(ex, lr_ld(a, j));
+    for (int j = 32 * LR_PL + lane; j < n; j += 32) ex = dy_add128(ex, load(j));
     const dy_u128 tot = dy_add128(lr_shfl(inc, 31), warp_sum128(ex));
     int ok = 0;
     if (lane == 0) ok = !dy_is_zero128(tot) && drawx(tot, &x);
@@ -128,11 +128,25 @@ DC_FN int lr_find(const u64* a, int n, bool first, D drawx, dy_u128 x, dy_u128* 
 #pragma unroll
     for (int e = 0; e < LR_PL; ++e) {
       const int j = p0 + lane * LR_PL + e;
-      w[e] = j < n ? lr_ld(a, j) : dy_make128(0, 0);
+      w[e] = j < n ? load(j) : dy_make128(0, 0);
       s = dy_add128(s, w[e]);
     }
     inc = lr_scan(s);
   }
+}
+
+/* One warp: the first id v of the chunk [v0, v0 + LR_CH) whose running residual sum
+ * (res_weight) exceeds x (x below the chunk's sum); -1 when none.  Every lane returns it. */
+DC_FN int lr_pick(const ResRow& r, int v0, int V, dy_u128 x) {
+  const int v = v0 + 2 * (threadIdx.x & 31);
+  const dy_u128 w0 = v < V ? res_weight(r, v) : dy_make128(0, 0);
+  const dy_u128 w1 = v + 1 < V ? res_weight(r, v + 1) : dy_make128(0, 0);
+  const dy_u128 sw = dy_add128(w0, w1), inc = lr_scan(sw);
+  const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x, inc));
+  if (!bal) return -1;
+  const int L = __ffs(bal) - 1;
+  const int jj = dy_lt128(x, dy_add128(dy_sub128(inc, sw), w0)) ? v : v + 1;
+  return __shfl_sync(0xffffffffu, jj, L);
 }
 
 extern "C" __global__ void __launch_bounds__(256) dc_vres2(
@@ -274,8 +288,9 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
   if (lane == 0) rcnt[b] = 0;
   DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
   if (lane == 0) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-  dy_u128 x1, x2, x3;
-  const int jt = lr_find(rpart + 2 * (i64)b * nrt, nrt, true,
+  dy_u128 x1, x2;
+  const u64* rp = rpart + 2 * (i64)b * nrt;
+  const int jt = lr_find([&](int q) { return lr_ld(rp, q); }, nrt, true,
       [&](dy_u128 tot, dy_u128* px) {
         u32 idx = 0;
         return dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
@@ -284,24 +299,15 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
   int j = -1;
   if (jt >= 0) {
     const int cpt = rt / LR_CH, cf = jt * cpt, nc = min(nch, cf + cpt) - cf;
-    const int jc = lr_find(rch + 2 * (i64)cf, nc, false,
+    const u64* rc = rch + 2 * (i64)cf;
+    const int jc = lr_find([&](int q) { return lr_ld(rc, q); }, nc, false,
                            [&](dy_u128, dy_u128*) { return false; }, x1, &x2);
     if (jc >= 0) {
       ResRow r;
       r.t = trow; r.T = T; r.bonus = bonus; r.qcr = qcr; r.qir = qir; r.d = bonus ? -1 : draft[(i64)b * k + i];
       r.nv = W;
       if (sparse) { asm volatile("bar.sync 1, 64;" ::: "memory"); r.nv = s.nv; }
-      const int v = (cf + jc) * LR_CH + 2 * lane;
-      const dy_u128 w0 = v < V ? res_weight(r, v) : dy_make128(0, 0);
-      const dy_u128 w1 = v + 1 < V ? res_weight(r, v + 1) : dy_make128(0, 0);
-      const dy_u128 sw = dy_add128(w0, w1), inc = lr_scan(sw);
-      x3 = x2;
-      const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x3, inc));
-      if (bal) {
-        const int L = __ffs(bal) - 1;
-        const int jj = dy_lt128(x3, dy_add128(dy_sub128(inc, sw), w0)) ? v : v + 1;
-        j = __shfl_sync(0xffffffffu, jj, L);
-      }
+      j = lr_pick(r, (cf + jc) * LR_CH, V, x2);
     } else if (sparse) asm volatile("bar.sync 1, 64;" ::: "memory");
   } else if (sparse) asm volatile("bar.sync 1, 64;" ::: "memory");
   if (lane == 0) {
@@ -390,32 +396,14 @@ DC_FN void lz_tile2(const u32* t, int lo, int hi, int vec, LzShared& s, dy_u128*
   __syncthreads();  /* s.shi / s.slo / s.bad reused by the next call */
 }
 
-extern "C" __global__ void __launch_bounds__(256) dc_vlazy2(
-    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* part_lo, u64* part_hi, u32* part_bad, int* res_row, u64* res_T, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int vec, int pre) {
-  __shared__ LzShared s;
-  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const int k1 = k + 1;
-  /* 1. classify the k tests (warp per test); the key is loaded first (its
-   * latency overlaps the draft -> P(d), c(d) loads) */
-  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
-  if (lane == 0 && wid < k) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-  const int lo = tile * vt, hi = min(V, lo + vt);
-  /* small batches: row 0's first LZ_PRE x 4 KiB of the tile are loaded now, their latency
-   * overlapping the classification (row 0 is the first candidate unless test 0 is
-   * accepted for every T or fails) */
-  uint4 pbuf[LZ_PRE];
-#pragma unroll
-  for (int u = 0; u < LZ_PRE; ++u) pbuf[u] = make_uint4(0, 0, 0, 0);
-  const bool pf = pre && vec;
-  if (pf) {
-    const uint4* t4 = (const uint4*)(target + (i64)b * k1 * V + lo);
-    const int n4 = (hi - lo) >> 2;
-#pragma unroll
-    for (int u = 0; u < LZ_PRE; ++u) { const int g = tid + u * 256; pbuf[u] = g < n4 ? __ldg(&t4[g]) : make_uint4(0, 0, 0, 0); }
-  }
+/* Steps 1-2 of dc_vlazy2 (and dc_vfused): classify the k tests of request b (warp per
+ * test; the key in lane 0 of warps < k) into s.P / c / d / cls / code, then the
+ * candidate rows s.cand[0..n): the AMB tests before the first REJ / BAD test, then
+ * that REJ row (or the bonus row k when no REJ / BAD comes first).  The same in every
+ * block of the request.  Returns n (block-uniform; ends with a __syncthreads). */
+DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k,
+                   int V, int b, const DcKey& key, LzShared& s) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, k1 = k + 1;
   for (int i = wid; i < k; i += 8) {
     const i64 qrow = (i64)b * k + i;
     const int d = draft[qrow];
@@ -463,7 +451,75 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy2(
     s.ncand = n;
   }
   __syncthreads();
-  const int ncand = s.ncand;
+  return s.ncand;
+}
+
+/* The chain walk of a last block (one thread), from the classes of lz_tests and,
+ * per candidate j, its row status s.rst[j] and exact total s.T[j]: ACC -> accepted;
+ * BAD -> fail with its code; AMB -> row status, then dy_accept with the exact T;
+ * REJ / bonus -> row status.  Writes tok[0..k] (accepted drafts; -1 from the residual
+ * row on, or everywhere on failure), *accepted and *status.  Returns the residual row
+ * R (*jR its candidate index, *TR its total), or -1 after a failure. */
+DC_FN int lz_walk(const LzShared& s, int k, const DcKey& key, int* tok, int* accepted, int* status,
+                  int* jR, u64* TR) {
+  int code = DY_ST_OK, R = -1, j = 0;
+  for (int i = 0; i <= k; ++i) {
+    if (i == k) {  /* bonus row: the last candidate */
+      if (s.rst[j]) code = s.rst[j];
+      else { R = k; *jR = j; *TR = s.T[j]; }
+      break;
+    }
+    const int cl = s.cls[i];
+    if (cl == LZ_BAD) { code = s.code[i]; break; }
+    if (cl == LZ_ACC) { tok[i] = s.d[i]; continue; }
+    const int jj = j++;  /* AMB or REJ: candidate jj is row i */
+    if (s.rst[jj]) { code = s.rst[jj]; break; }
+    if (cl == LZ_AMB) {
+      int ok = 0;
+      code = dy_accept(s.P[i], s.T[jj], s.c[i], key.seed, key.gen, key.rnd, key.pos + (u32)i, &ok);
+      if (code) break;
+      if (ok) { tok[i] = s.d[i]; continue; }
+    }
+    R = i; *jR = jj; *TR = s.T[jj];
+    break;
+  }
+  if (code) {
+    for (int q = 0; q <= k; ++q) tok[q] = -1;
+    *accepted = 0; *status = code;
+    return -1;
+  }
+  for (int q = R; q <= k; ++q) tok[q] = -1;
+  *accepted = R; *status = DY_ST_OK;
+  return R;
+}
+
+extern "C" __global__ void __launch_bounds__(256) dc_vlazy2(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* part_lo, u64* part_hi, u32* part_bad, int* res_row, u64* res_T, int* accepted, int* tokens,
+    int* status, u32* cnt, int vt, int vec, int pre) {
+  __shared__ LzShared s;
+  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int k1 = k + 1;
+  /* 1. classify the k tests (warp per test); the key is loaded first (its
+   * latency overlaps the draft -> P(d), c(d) loads) */
+  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
+  if (lane == 0 && wid < k) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  const int lo = tile * vt, hi = min(V, lo + vt);
+  /* small batches: row 0's first LZ_PRE x 4 KiB of the tile are loaded now, their latency
+   * overlapping the classification (row 0 is the first candidate unless test 0 is
+   * accepted for every T or fails) */
+  uint4 pbuf[LZ_PRE];
+#pragma unroll
+  for (int u = 0; u < LZ_PRE; ++u) pbuf[u] = make_uint4(0, 0, 0, 0);
+  const bool pf = pre && vec;
+  if (pf) {
+    const uint4* t4 = (const uint4*)(target + (i64)b * k1 * V + lo);
+    const int n4 = (hi - lo) >> 2;
+#pragma unroll
+    for (int u = 0; u < LZ_PRE; ++u) { const int g = tid + u * 256; pbuf[u] = g < n4 ? __ldg(&t4[g]) : make_uint4(0, 0, 0, 0); }
+  }
+  const int ncand = lz_tests(target, draft, qc, qi, W, k, V, b, key, s);
   if (pf && ncand > 0) {  /* the last candidate row (stage 2 reads it, with its dense q row) */
     const int i = s.cand[ncand - 1];
     if (i < k && qc && !qi && tid < ((hi - lo) * 4 + 127) / 128)
@@ -504,35 +560,10 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy2(
   }
   __syncthreads();
   if (tid != 0) return;
-  int* tok = tokens + (i64)b * k1;
-  int code = DY_ST_OK, R = -1, j = 0;
+  int jR;
   u64 TR = 0;
-  for (int i = 0; i <= k; ++i) {
-    if (i == k) {  /* bonus row: the last candidate */
-      if (s.rst[j]) code = s.rst[j];
-      else { R = k; TR = s.T[j]; }
-      break;
-    }
-    const int cl = s.cls[i];
-    if (cl == LZ_BAD) { code = s.code[i]; break; }
-    if (cl == LZ_ACC) { tok[i] = s.d[i]; continue; }
-    const int jj = j++;  /* AMB or REJ: candidate jj is row i */
-    if (s.rst[jj]) { code = s.rst[jj]; break; }
-    if (cl == LZ_AMB) {
-      int ok = 0;
-      /* key: loaded by thread 0 in step 1 (k >= 1 here) */
-      code = dy_accept(s.P[i], s.T[jj], s.c[i], key.seed, key.gen, key.rnd, key.pos + (u32)i, &ok);
-      if (code) break;
-      if (ok) { tok[i] = s.d[i]; continue; }
-    }
-    R = i; TR = s.T[jj];
-    break;
-  }
-  if (code) {
-    for (int q = 0; q <= k; ++q) tok[q] = -1;
-    res_row[b] = -1; accepted[b] = 0; status[b] = code;
-    return;
-  }
-  for (int q = R; q <= k; ++q) tok[q] = -1;
-  res_row[b] = R; res_T[b] = TR; accepted[b] = R; status[b] = DY_ST_OK;
+  /* key: loaded by thread 0 in step 1 (k >= 1 when a test is AMB) */
+  const int R = lz_walk(s, k, key, tokens + (i64)b * k1, accepted + b, status + b, &jR, &TR);
+  res_row[b] = R;
+  if (R >= 0) res_T[b] = TR;
 }

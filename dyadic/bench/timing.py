@@ -46,11 +46,11 @@ def held_event_times(fn, repeats, hold_us=None):
     (``torch.cuda._sleep``) runs first, longer than the host takes to enqueue the start
     event and ``fn``; the interval then measures the device alone: from the end of the
     sleep to the end of ``fn``'s last kernel, the device-side launch latency of ``fn``
-    included.  ``hold_us``: the sleep (default: 40 us or 3x the host time of ``fn``,
+    included.  ``hold_us``: the sleep (default: 100 us or 5x the host time of ``fn``,
     whichever is longer).  Returns the per-call seconds and the hold used, in a dict
     ``{"times": [...], "hold_us": float, "held": bool}``; ``held`` is False where the
-    sleep was shorter than the host's enqueue time of a call (the interval then still
-    includes host time: report it as such)."""
+    sleep may have been shorter than the host's enqueue time of a call (the interval then
+    may include host time: report it as such)."""
     import torch
 
     sleep = getattr(torch.cuda, "_sleep", None)
@@ -69,7 +69,7 @@ def held_event_times(fn, repeats, hold_us=None):
     torch.cuda.synchronize()
     host_us = float(np.median(host)) * 1e6
     if hold_us is None:
-        hold_us = max(40.0, 3.0 * host_us)
+        hold_us = max(100.0, 5.0 * host_us)
     cycles = int(hold_us * cycles_per_us)
     out = []
     late = 0

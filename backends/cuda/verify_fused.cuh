@@ -1,0 +1,307 @@
+/* ========================================================================
+ * verify, check="lazy", in ONE launch: dc_vfused (in place of dc_vlazy2 +
+ * dc_vres2; the same results bit for bit).  Included at the end of
+ * dyadic_kernels.cu after verify_lazy.cuh / verify_lazy2.cuh (uses LzShared,
+ * lz_tests, lz_walk, lr_find, lr_pick, lr_val, ResRow / res_weight / q_at).
+ *
+ * dc_vlazy2 needs the exact total T of the residual row before dc_vres2 can
+ * select R_v > 0, hence two passes over that row and two launches.  Here one
+ * pass does both, because the selection hardly depends on T: for a valid row
+ * T lies in the band [TLO, THI] = [2^62 - 2^52, 2^62 + 2^52], and
+ *   sel_T(v) = P_v 2^24 > c_v T  <=>  P_v > floor(c_v T / 2^24)
+ * is monotone in T, with floor(c THI / 2^24) = c (2^38 + 2^28) and
+ * floor(c TLO / 2^24) = c (2^38 - 2^28) exact (shifts; c < 2^25 so no overflow).
+ * So an element is DEFINITE when P > c (2^38 + 2^28) (selected for every T of
+ * the band) or P <= c (2^38 - 2^28) (selected for none), else AMBIGUOUS (also
+ * every c >= 2^25, an invalid count: decided exactly later).
+ *
+ * grid (nt, B), 256 threads, tile vt (a multiple of 1024, <= 8192, nt <= VF_MAXT):
+ *   1. lz_tests: classify the k tests, candidate rows (as dc_vlazy2).
+ *   2. for each candidate row i, the block's tile in one pass over P (and the
+ *      dense q row / point mass / sparse support): the split sums of P and the
+ *      validity (dc_vlazy2's row total), and per chunk of VF_CH = 64 ids the
+ *      sums over its DEFINITE selected ids, sum P and sum c, with a dirty bit
+ *      when the chunk holds an ambiguous id -> chunk records (2 x u64) and the
+ *      tile record (T split sums, bad, sum P, sum c, dirty chunks).
+ *   3. the last block of the request (atomic counter after __threadfence,
+ *      reset by that block: graph replays start at zero): the exact T and
+ *      status of each candidate row, lz_walk (thread 0: accepted, tokens,
+ *      status, the residual row R); then for R: every dirty chunk is summed
+ *      again exactly (dy_residual > 0 with the exact T, warp per tile) and its
+ *      record and tile sums are replaced; then one warp draws x below the
+ *      total (domain CORRECTION, position + R, index 0: dc_vres2's draw) and
+ *      finds the tile, the chunk and the id (lr_find, lr_find, lr_pick).
+ * Exactness: a definite id's selection is the same for the exact T (T is in
+ * the band when the row's status is OK; otherwise the request fails closed
+ * with that status before any residual is formed), so after the dirty chunks
+ * are redone every chunk's (sum P, sum c) is over exactly {v: R_v > 0} and
+ * lr_val(sum P, sum c, T) = sum of R_v over the chunk; u64 sums are exact
+ * (subset sums of a valid row < 2^63; counts < 2^64), the tile corrections
+ * wrap mod 2^64 to the exact value.  Hence the tile, chunk and id are those of
+ * dc_vres2, and the totals, classes and walk are dc_vlazy2's.
+ * Reads: as dc_vlazy2 + dc_vres2 minus the second pass over the residual row
+ * (plus, when AMB tests precede the rejection, the q rows of those rows).
+ * Scratch: tile records 6 u64 per (request, row, tile); chunk records 2 u64
+ * per (request, row, chunk); one counter per request.
+ * ====================================================================== */
+#define VF_CH 64                             /* ids per chunk */
+#define VF_MAXT 128                          /* tiles per row */
+#define VF_MAXCT 128                         /* chunks per tile (vt <= 8192) */
+#define VF_SU 4                              /* chunks per warp and iteration */
+#define VF_DIRTY (1ull << 63)                /* in a chunk record's count word */
+#define VF_THI24 ((1ull << 38) + (1ull << 28))  /* THI / 2^24 */
+#define VF_TLO24 ((1ull << 38) - (1ull << 28))  /* TLO / 2^24 */
+#define VF_TREC 6                            /* u64 words per tile record */
+
+struct VfShared {
+  LzShared z;
+  u64 csp[VF_MAXCT], csc[VF_MAXCT];
+  u32 cdirty[VF_MAXCT];
+  u64 tsp[VF_MAXT], tsc[VF_MAXT];
+  u32 tnd[VF_MAXT];
+  u64 whi[8], wlo[8];
+  u32 wbad[8];
+  int jR, R;
+  u64 TR;
+};
+
+/* One id: its P into the row-total split sums and validity; if DEFINITE selected,
+ * (P, c) into (sp, sc); amb when AMBIGUOUS (see the header). */
+DC_FN void vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u64& sc, u32& amb) {
+  const u64 P = dy_target_fixed_fast(bits);
+  bad |= (u32)!dy_target_bits_valid(bits);
+  shi += P >> 32; slo += P & 0xFFFFFFFFull;
+  const bool small = c < (1ull << 25);
+  const bool hi = small && P > c * VF_THI24, lo = small && P > c * VF_TLO24;
+  const u64 m = (u64)0 - (u64)hi;
+  sp += P & m; sc += c & m;
+  amb |= (u32)((lo && !hi) || !small);
+}
+
+/* The exact (sum P, sum c) over {v in [v0, v0 + VF_CH) : R_v > 0} for the total T
+ * (one warp, 2 ids per lane; every lane returns the sums). */
+DC_FN void vf_chunk_exact(const ResRow& r, int v0, int V, u64* sp, u64* sc) {
+  u64 p = 0, c = 0;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int v = v0 + (threadIdx.x & 31) + 32 * e;
+    if (v < V) {
+      const u64 P = dy_target_fixed(r.t[v]);
+      const u32 cv = r.bonus ? 0u : q_at(r.qcr, r.qir, r.nv, v, r.d);
+      if (!dy_is_zero128(dy_residual(P, cv, r.T))) { p += P; c += cv; }
+    }
+  }
+  *sp = warp_sum64(p); *sc = warp_sum64(c);
+}
+
+/* Step 2 for row i of request b: the tile [lo, hi) (see the header). */
+DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* qir, int W, int d,
+                   bool bonus, int lo, int hi, u64* rch, u64* trec, VfShared& s) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const bool sparse = qir != 0;
+  const int nct = (hi - lo + VF_CH - 1) / VF_CH;
+  u64 shi = 0, slo = 0; u32 bad = 0;
+  /* c_v: dense q[v]; point mass 2^24 [v == d]; bonus / sparse 0 (sparse: corrected below) */
+  for (int cb = 0; cb < nct; cb += 8 * VF_SU) {
+    u32 tb[2 * VF_SU], qb[2 * VF_SU];
+#pragma unroll
+    for (int u = 0; u < 2 * VF_SU; ++u) {
+      const int v = lo + (cb + wid + 8 * (u >> 1)) * VF_CH + lane + 32 * (u & 1);
+      tb[u] = v < hi ? __ldcs(&trow[v]) : 0u;
+      qb[u] = (qrow && v < hi) ? __ldcs(&qrow[v]) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < VF_SU; ++u) {
+      const int cl = cb + wid + 8 * u, v = lo + cl * VF_CH + lane;
+      u64 sp = 0, sc = 0; u32 amb = 0;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ve = v + 32 * e;
+        const u64 c = qrow ? (u64)qb[2 * u + e] : (ve == d ? (u64)DY_TOTAL : 0ull);
+        vf_elem(tb[2 * u + e], c, shi, slo, bad, sp, sc, amb);
+      }
+      sp = warp_sum64(sp); sc = warp_sum64(sc);
+      amb = __any_sync(0xffffffffu, amb != 0);
+      if (lane == 0 && cl < nct) { s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = amb; }
+    }
+  }
+  shi = warp_sum64(shi); slo = warp_sum64(slo);
+  bad = __any_sync(0xffffffffu, bad != 0);
+  if (lane == 0) { s.whi[wid] = shi; s.wlo[wid] = slo; s.wbad[wid] = bad; }
+  __syncthreads();
+  if (sparse) {  /* support ids were taken with c = 0 (selected iff P > 0): correct them */
+    for (int j = tid; j < W; j += 256) {
+      const int id = qir[j];
+      if (id >= lo && id < hi) {
+        const u64 P = dy_target_fixed_fast(trow[id]), c = qcr[j];
+        const int cl = (id - lo) / VF_CH;
+        u64 h1 = 0, l1 = 0, sp = 0, sc = 0; u32 b1 = 0, amb = 0;
+        vf_elem(trow[id], c, h1, l1, b1, sp, sc, amb);
+        if (sp) atomicAdd((unsigned long long*)&s.csc[cl], (unsigned long long)sc);
+        else atomicAdd((unsigned long long*)&s.csp[cl], (unsigned long long)((u64)0 - P));
+        if (amb) atomicOr(&s.cdirty[cl], 1u);
+      }
+    }
+    __syncthreads();
+  }
+  u64 tp = 0, tc = 0; u32 nd = 0;
+  for (int cl = tid; cl < nct; cl += 256) {
+    const u64 sp = s.csp[cl], sc = s.csc[cl];
+    const u32 dirty = s.cdirty[cl];
+    tp += sp; tc += sc; nd += dirty;
+    *(ulonglong2*)(rch + 2 * (i64)(lo / VF_CH + cl)) = make_ulonglong2(sp, sc | (dirty ? VF_DIRTY : 0ull));
+  }
+  tp = warp_sum64(tp); tc = warp_sum64(tc);
+  for (int o = 16; o; o >>= 1) nd += __shfl_xor_sync(0xffffffffu, nd, o);
+  __syncthreads();  /* s.whi.. read below; s.csp.. rewritten by the next row */
+  if (lane == 0) { s.csp[wid] = tp; s.csc[wid] = tc; s.cdirty[wid] = nd; }
+  __syncthreads();
+  if (tid == 0) {
+    u64 h = 0, l = 0, P = 0, C = 0; u32 b = 0, n = 0;
+    for (int w = 0; w < 8; ++w) {
+      h += s.whi[w]; l += s.wlo[w]; b |= s.wbad[w];
+      P += s.csp[w]; C += s.csc[w]; n += s.cdirty[w];
+    }
+    trec[0] = h; trec[1] = l; trec[2] = b; trec[3] = P; trec[4] = C; trec[5] = n;
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(256) dc_vfused(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* tpart, u64* rchunk, int* accepted, int* tokens, int* status, u32* cnt, int vt, int pre) {
+  __shared__ VfShared s;
+  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
+  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
+  if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  const int lo = tile * vt, hi = min(V, lo + vt);
+  if (pre) {  /* small batches: row 0 (and its dense q row) into L2 while the tests run */
+    const u32* t0 = target + (i64)b * k1 * V;
+    const int nl = (hi - lo + 31) / 32;  /* 128-byte lines of the tile */
+    if (tid < nl) {
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(t0 + lo + tid * 32));
+      if (qc && !qi && k > 0) asm volatile("prefetch.global.L2 [%0];" :: "l"(qc + (i64)b * k * V + lo + tid * 32));
+    }
+  }
+  /* 1. the tests and the candidate rows */
+  const int ncand = lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
+  /* 2. one pass over each candidate row's tile */
+  for (int j = 0; j < ncand; ++j) {
+    const int i = s.z.cand[j];
+    const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
+    const i64 row = (i64)b * k1 + i;
+    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
+            sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
+            (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
+            tpart + (row * nt + tile) * VF_TREC, s);
+  }
+  /* 3. the last block of the request */
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s.z.is_last = atomicAdd(&cnt[b], 1u) == (u32)(nt - 1);
+  __syncthreads();
+  if (!s.z.is_last) return;
+  __threadfence();
+  if (tid == 0) cnt[b] = 0;
+  for (int j = wid; j < ncand; j += 8) {  /* exact T and status of each candidate row */
+    const u64* tr = tpart + ((i64)b * k1 + s.z.cand[j]) * nt * VF_TREC;
+    u64 h = 0, l = 0; u32 bd = 0;
+    for (int t = lane; t < nt; t += 32) {
+      h += __ldcg(&tr[t * VF_TREC]); l += __ldcg(&tr[t * VF_TREC + 1]);
+      bd |= (u32)__ldcg(&tr[t * VF_TREC + 2]);
+    }
+    h = warp_sum64(h); l = warp_sum64(l);
+    bd = __any_sync(0xffffffffu, bd != 0);
+    if (lane == 0) {
+      const dy_u128 sum = dy_add128(dy_make128(h >> 32, h << 32), dy_from64(l));
+      int st = DY_ST_OK;
+      if (bd) st = DY_ST_TARGET_INVALID_VALUE;
+      else if (sum.hi || (sum.lo > LZ_ONE ? sum.lo - LZ_ONE : LZ_ONE - sum.lo) > LZ_TOL) st = DY_ST_TARGET_SUM;
+      s.z.rst[j] = st; s.z.T[j] = sum.lo;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int jR = 0; u64 TR = 0;
+    s.R = lz_walk(s.z, k, key, tokens + (i64)b * k1, accepted + b, status + b, &jR, &TR);
+    s.jR = jR; s.TR = TR;
+  }
+  __syncthreads();
+  const int R = s.R;
+  if (R < 0) return;
+  const u64 T = s.TR;
+  const bool bonus = R == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
+  const i64 row = (i64)b * k1 + R;
+  const u64* trR = tpart + row * nt * VF_TREC;
+  u64* rch = rchunk + 2 * row * nch;
+  for (int t = tid; t < nt; t += 256) {
+    s.tsp[t] = __ldcg(&trR[t * VF_TREC + 3]);
+    s.tsc[t] = __ldcg(&trR[t * VF_TREC + 4]);
+    s.tnd[t] = (u32)__ldcg(&trR[t * VF_TREC + 5]);
+  }
+  ResRow r;
+  r.t = target + row * V; r.T = T; r.bonus = bonus; r.d = bonus ? -1 : draft[(i64)b * k + R];
+  r.qcr = dense ? qc + ((i64)b * k + R) * V : (sparse ? qc + ((i64)b * k + R) * W : 0);
+  r.qir = sparse ? qi + ((i64)b * k + R) * W : 0;
+  r.nv = W;
+  if (sparse && tid == 0) {  /* res_setup's count of valid ids (ascending, then -1 padding) */
+    int l = 0, h = W;
+    while (l < h) { const int m = (l + h) >> 1; if (r.qir[m] >= 0) l = m + 1; else h = m; }
+    s.z.ncand = l;  /* reused: the walk is done */
+  }
+  __syncthreads();
+  if (sparse) r.nv = s.z.ncand;
+  /* dirty chunks: summed again exactly, warp per tile */
+  const int cpt = vt / VF_CH;
+  for (int t = wid; t < nt; t += 8) {
+    if (!s.tnd[t]) continue;
+    const int cf = t * cpt, nc = min(nch, cf + cpt) - cf;
+    u64 dp = 0, dc = 0;
+    for (int j0 = 0; j0 < nc; j0 += 32) {
+      const int j = j0 + lane;
+      const u64 w1 = j < nc ? __ldcg(&rch[2 * (i64)(cf + j) + 1]) : 0ull;
+      unsigned bal = __ballot_sync(0xffffffffu, (w1 & VF_DIRTY) != 0);
+      while (bal) {
+        const int L = __ffs(bal) - 1;
+        bal &= bal - 1;
+        const int ch = cf + j0 + L;
+        const u64 op = __shfl_sync(0xffffffffu, j < nc ? __ldcg(&rch[2 * (i64)(cf + j)]) : 0ull, L);
+        const u64 oc = __shfl_sync(0xffffffffu, w1 & ~VF_DIRTY, L);
+        u64 np, nc2;
+        vf_chunk_exact(r, ch * VF_CH, V, &np, &nc2);
+        dp += np - op; dc += nc2 - oc;
+        if (lane == 0) *(ulonglong2*)(rch + 2 * (i64)ch) = make_ulonglong2(np, nc2);
+      }
+    }
+    if (lane == 0) { s.tsp[t] += dp; s.tsc[t] += dc; }
+  }
+  __threadfence();
+  __syncthreads();
+  if (wid != 0) return;
+  /* warp 0: the draw and the search (dc_vres2's) */
+  DcKey rk; rk.seed = 0; rk.gen = rk.rnd = rk.pos = 0;
+  if (lane == 0) rk = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  dy_u128 x1, x2;
+  const int jt = lr_find([&](int q) { return lr_val(s.tsp[q], s.tsc[q], T, bonus); }, nt, true,
+      [&](dy_u128 tot, dy_u128* px) {
+        u32 idx = 0;
+        return dy_uniform_below_u128(tot, rk.seed, rk.gen, rk.rnd, rk.pos + R, DY_DOMAIN_CORRECTION,
+                                     &idx, px) == DY_ST_OK;
+      }, dy_make128(0, 0), &x1);
+  int j = -1;
+  if (jt >= 0) {
+    const int cf = jt * cpt, nc = min(nch, cf + cpt) - cf;
+    const int jc = lr_find([&](int q) {
+        const u64* p = rch + 2 * (i64)(cf + q);
+        return lr_val(__ldcg(p), __ldcg(p + 1) & ~VF_DIRTY, T, bonus);
+      }, nc, false, [&](dy_u128, dy_u128*) { return false; }, x1, &x2);
+    if (jc >= 0) j = lr_pick(r, (cf + jc) * VF_CH, V, x2);
+  }
+  if (lane == 0) {
+    int* tok = tokens + (i64)b * k1;
+    if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tok[q] = -1; }
+    else tok[R] = j;
+  }
+}
