@@ -128,7 +128,9 @@ def main():
         from dyadic.backends.cuda import cupy_backend as _cb
         for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
                                     ("propose_top32_bf16_PK1", "_PK_MODE", "1", prop),
-                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop)):
+                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
+                                    ("verify_k5_dense_lazy_V2", "_LAZY_MODE", "2", ver_lazy),
+                                    ("verify_k5_top32_lazy_V2", "_LAZY_MODE", "2", ver_sp_lazy)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)
