@@ -110,12 +110,12 @@ def _enter(backend, device):
     if dev is None:
         dev = torch.cuda.current_device()
     dctx = None
-    if dev != cb._device_id():
+    if dev != cb._device_id():  # cupy.cuda.runtime.getDevice once cupy is loaded (no frame)
         import cupy
         dctx = cupy.cuda.Device(dev)
         dctx.__enter__()
     try:
-        handle = _stream_handle(dev)
+        handle = _RAW_STREAM(dev) if _RAW_STREAM is not None else _stream_handle(dev)
         sctx = None
         if handle != cb._current_stream_ptr():
             sctx = cb.external_stream(handle)
@@ -202,11 +202,11 @@ def _keys(keys, batch, device, check, extra=0):
     kd = _KEY_DTYPES or _key_dtypes()
     if not check:
         # hot path: 1-D contiguous integer CUDA tensors of length B or 1 pass as they are
-        tt, ks = torch.Tensor, _KEY_DTYPE_SET
+        # (a shape (B,) or (1,) is dim() == 1 and numel() in (1, B))
+        tt, ks, full, one = torch.Tensor, _KEY_DTYPE_SET, (batch,), (1,)
         for f in fields:
-            if (type(f) is not tt or not f.is_cuda or f.dim() != 1
-                    or f.numel() not in (1, batch) or not f.is_contiguous()
-                    or f.dtype not in ks):
+            if (type(f) is not tt or not f.is_cuda or f.dtype not in ks
+                    or ((s := f.shape) != full and s != one) or not f.is_contiguous()):
                 break
         else:
             return fields
@@ -256,15 +256,26 @@ def _key_dtypes():
     return _KEY_DTYPES
 
 
+def _outputs(out, device, specs):
+    """The output tensors of ``specs``, one per (name, shape, dtype) (None gives None):
+    ``out[name]`` where given, after its shape and dtype are checked, else a new empty
+    tensor on ``device``.  One call for all outputs of a primitive (the hot path)."""
+    got = []
+    for spec in specs:
+        t = None if spec is None or out is None else out.get(spec[0])
+        if t is None:
+            if spec is not None:
+                t = (_TORCH or _torch()).empty(spec[1], dtype=spec[2], device=device)
+        elif (t.shape != spec[1] and tuple(t.shape) != spec[1]) or t.dtype != spec[2]:
+            name, shape, dtype = spec
+            raise ValueError(f"out[{name!r}]: expected {dtype} {tuple(shape)}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
+        got.append(t)
+    return got
+
+
 def _get_out(out, name, shape, dtype, device):
-    if out is not None:
-        t = out.get(name)
-        if t is not None:
-            if (t.shape != shape and tuple(t.shape) != shape) or t.dtype != dtype:
-                raise ValueError(f"out[{name!r}]: expected {dtype} {tuple(shape)}, got "
-                                 f"{t.dtype} {tuple(t.shape)}")
-            return t
-    return (_TORCH or _torch()).empty(shape, dtype=dtype, device=device)
+    return _outputs(out, device, ((name, shape, dtype),))[0]
 
 
 def _x_bias(x, bias, name, be):
@@ -275,7 +286,8 @@ def _x_bias(x, bias, name, be):
         x, kind = _as_torch(x)
     else:
         kind = "torch"
-    _float_dtype(x, name)
+    if x.dtype not in _FLOATS:  # _float_dtype(x, name) inline (the hot path)
+        raise _arrays.unsupported_float(name, x)
     if x.dtype != torch.float32 and not getattr(be, "reads_half_precision", False):
         x = x.float()
     nd = x.dim()
@@ -331,9 +343,10 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
             if not torch.cuda.is_current_stream_capturing():  # filled only at replay there
                 _ONES_F64[(dev, batch)] = temp
     width = _validate.top_k(top_k, v)
-    counts = _get_out(out, "counts", (batch, width or v), torch.uint32, dev)
-    ids = _get_out(out, "ids", (batch, width), torch.int32, dev) if width else None
-    status = _get_out(out, "status", (batch,), torch.int32, dev)
+    counts, ids, status = _outputs(out, dev, (
+        ("counts", (batch, width or v), torch.uint32),
+        ("ids", (batch, width), torch.int32) if width else None,
+        ("status", (batch,), torch.int32)))
     if batch:
         tok = _enter(backend, dev)
         try:
@@ -361,10 +374,10 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
     temp = _temperature(temperature, batch, dev, True, check)
     width = _validate.top_k(top_k, v)
     k = _keys(keys, batch, dev, check)
-    tokens = _get_out(out, "tokens", (batch,), torch.int32, dev)
-    counts = _get_out(out, "counts", (batch, width or v), torch.uint32, dev)
-    ids = _get_out(out, "ids", (batch, width), torch.int32, dev) if width else None
-    status = _get_out(out, "status", (batch,), torch.int32, dev)
+    tokens, counts, ids, status = _outputs(out, dev, (
+        ("tokens", (batch,), torch.int32), ("counts", (batch, width or v), torch.uint32),
+        ("ids", (batch, width), torch.int32) if width else None,
+        ("status", (batch,), torch.int32)))
     if batch:
         tok = _enter(backend, dev)
         try:
@@ -430,7 +443,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     didx = t.get_device()
     if _on(draft, didx, torch) and draft.dtype == torch.int32:
         d = draft  # d.to(dev), d.to(int32).contiguous() below would return it unchanged
-        if tuple(d.shape) != (b, k1 - 1):
+        if d.shape != (b, k1 - 1):  # torch.Size == tuple: the same test as tuple(d.shape)
             raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
                              f"match target")
         if check and d.numel():
@@ -448,12 +461,14 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
         d = d.to(torch.int32).contiguous()
     qc = qi = None
     if q is not None:
-        if type(q) is not Dyadic or q.vocab_size != v or q.counts.shape[:-1] != (b, k1 - 1):
+        # q's fields read directly (the public properties cost a Python call each); a q
+        # that is not a Dyadic raises in verify_q before they are read
+        if type(q) is not Dyadic or q._vocab_size != v or q._counts.shape[:-1] != (b, k1 - 1):
             _validate.verify_q(q, b, k1 - 1, v)  # raises for the rule q breaks
-        qc = q.counts
+        qc = q._counts
         if not _on(qc, didx, torch):
             qc = torch.as_tensor(qc, device=dev).contiguous()
-        qi = q.ids
+        qi = q._ids
         if qi is not None and not _on(qi, didx, torch):
             qi = torch.as_tensor(qi, device=dev).contiguous()
     if greedy is None:  # cached zeros per (device, B): no allocation or memset per call
@@ -470,9 +485,9 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
         g = g.to(torch.uint8)
     keys_b = _keys(keys, b, dev, check, extra=k1 - 1)
-    accepted = _get_out(out, "accepted", (b,), torch.int32, dev)
-    tokens = _get_out(out, "tokens", (b, k1), torch.int32, dev)
-    status = _get_out(out, "status", (b,), torch.int32, dev)
+    accepted, tokens, status = _outputs(out, dev, (
+        ("accepted", (b,), torch.int32), ("tokens", (b, k1), torch.int32),
+        ("status", (b,), torch.int32)))
     if b:
         tok = _enter(backend, dev)
         try:

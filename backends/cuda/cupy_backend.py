@@ -126,9 +126,13 @@ _CUPY = []  # [cupy] once imported (a function-level import costs ~0.5 us per ca
 
 
 def _cupy():
+    global _device_id
     if not _CUPY:
         import cupy
         _CUPY.append(cupy)
+        # the hot paths call _device_id() once or twice per call: from now on it is
+        # cupy.cuda.runtime.getDevice itself (the same result, no Python frame)
+        _device_id = cupy.cuda.runtime.getDevice
     return _CUPY[0]
 
 
@@ -147,6 +151,7 @@ def _source():
 
 
 def _device_id():
+    """The current CUDA device (replaced by cupy.cuda.runtime.getDevice in _cupy())."""
     return _cupy().cuda.runtime.getDevice()
 
 
@@ -346,13 +351,10 @@ class _Call:
     """Moves NumPy arguments to the device and results back; device arrays pass through.
 
     ``call(a)`` is the device pointer of ``a`` as a Python int (a kernel argument: 8
-    bytes in both launch paths; no NumPy scalar per argument), ``_NULL`` for None."""
+    bytes in both launch paths; no NumPy scalar per argument), ``_NULL`` for None.
+    No __init__ (made per backend call): the lists are made at the first upload."""
 
-    __slots__ = ("back", "keep")
-
-    def __init__(self):
-        self.back = []
-        self.keep = []
+    back = keep = ()  # [(device copy, NumPy output)], [device copies] once something moved
 
     def __call__(self, a, out=False):
         if type(a) is _TT:  # the hot path: a pointer, nothing else
@@ -364,11 +366,22 @@ class _Call:
         if isinstance(a, np.ndarray):
             cp = _cupy()
             d = cp.asarray(a)
+            if not self.keep:
+                self.keep, self.back = [], []
             self.keep.append(d)
             if out:
                 self.back.append((d, a))
             return d.data.ptr
         return int(_ptr(a))
+
+    def many(self, arrays, out=False):
+        """``tuple(self(a, out) for a in arrays)``; torch tensors and None without a call
+        of ``self`` each (the hot path)."""
+        tt = _TT
+        for a in arrays:
+            if type(a) is not tt and a is not None:
+                return tuple([self(a, out) for a in arrays])
+        return tuple([_NULL if a is None else a.data_ptr() for a in arrays])
 
     def finish(self):
         if self.back:
@@ -393,7 +406,7 @@ def _itemsize(a):
 def _keys(call, seed, generation, round_, position, batch):
     """Pointers and the format word of the four key arrays."""
     tt = _TT
-    ptrs, fmt, j = [], 0, 0
+    fmt, j = 0, 0
     for a in (seed, generation, round_, position):  # hot path: torch tensors (1-D)
         if type(a) is not tt:
             break
@@ -407,10 +420,9 @@ def _keys(call, seed, generation, round_, position, batch):
         if batch != 1 and a.numel() == 1:
             f |= 2
         fmt |= f << j
-        ptrs.append(a.data_ptr())
         j += 2
     else:
-        return ptrs, fmt
+        return list(map(tt.data_ptr, (seed, generation, round_, position))), fmt
     host = [isinstance(a, np.ndarray) for a in (seed, generation, round_, position)]
     if all(host):
         packed = np.empty((4, batch), dtype=np.uint64)
@@ -477,13 +489,15 @@ class CupyBackend:
     def _alloc(self, x, bias, temperature, logits, greedy_ok, policy, top_k, keys, tokens,
                counts, ids, status):
         call = _Call()
-        batch, v = int(x.shape[0]), int(x.shape[1])
+        shape = x.shape
+        batch, v = int(shape[0]), int(shape[1])
         dev = _device_id()
         if bias is None:
             bias_ptr, bias_code, bias_rows = _NULL, _I32[0], _I32[0]
         else:
             bias_ptr, bias_code, bias_rows = call(bias), _x_code(bias), _I32[int(bias.shape[0])]
-        common = (call(x), _x_code(x), bias_ptr, bias_code, bias_rows, call(temperature),
+        x_ptr, temp_ptr = call.many((x, temperature))
+        common = (x_ptr, _x_code(x), bias_ptr, bias_code, bias_rows, temp_ptr,
                   _I32[bool(logits)], _I32[greedy_ok], _I32[v])
         do_draw = tokens is not None
         if do_draw:
@@ -534,7 +548,8 @@ class CupyBackend:
             args = common + (np.int32(policy), np.int32(do_draw), *kptrs, np.int32(kfmt), sc,
                              call(tokens, True), call(counts, True), call(status, True))
             _kernel("dc_dense")((batch,), (1024,), args)
-        call.finish()
+        if call.back:  # NumPy outputs to copy back
+            call.finish()
 
     def _topk_fast(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
                    counts, ids, status, dev):
@@ -563,8 +578,7 @@ class CupyBackend:
         r32, chunk32, fn, grid, block, _, (ckey, ccoarse, cid, bbad, ctr) = plan
         fn.launch(grid, block, common + (
             _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey,
-            ccoarse, cid, bbad, ctr, call(tokens, True), call(counts, True), call(ids, True),
-            call(status, True)))
+            ccoarse, cid, bbad, ctr, *call.many((tokens, counts, ids, status), True)))
 
     def _topk_fast2(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
                     counts, ids, status, dev):
@@ -584,8 +598,7 @@ class CupyBackend:
         r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
         fn.launch(grid, block, common + (
             _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey, cid,
-            bbad, ctr, call(tokens, True), call(counts, True), call(ids, True),
-            call(status, True)))
+            bbad, ctr, *call.many((tokens, counts, ids, status), True)))
 
     # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
     _DA_RS = 144
@@ -683,12 +696,13 @@ class CupyBackend:
         kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
         args = (call(counts), call(ids), _I32[w], *kptrs, _I32[kfmt], call(tokens, True))
         _kernel("dc_draw").launch((batch, 1, 1), (256, 1, 1), args)
-        call.finish()
+        if call.back:  # NumPy outputs to copy back
+            call.finish()
 
     # --------------------------------------------------------------- verify
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
-        batch, k1, v = (int(s) for s in target.shape)
+        batch, k1, v = map(int, target.shape)
         k = k1 - 1
         if k > _MAX_K_VERIFY:
             raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
@@ -697,9 +711,8 @@ class CupyBackend:
         w = 0 if q_counts is None else int(q_counts.shape[-1])
         rows = batch * k1
         kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
-        t, d = call(target), call(draft)
-        qc, qi, g = call(q_counts), call(q_ids), call(greedy)
-        a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
+        t, d, qc, qi, g = call.many((target, draft, q_counts, q_ids, greedy))
+        a, tk, st = call.many((accepted, tokens, status), True)
         v32, w32, k32 = _I32[v], _I32[w], _I32[k]
         if _VERIFY_MODE not in ("split", "old"):
             # bandwidth path: runtime tiles (>= ~4 blocks per SM), 16-byte loads, one
@@ -736,7 +749,8 @@ class CupyBackend:
                 k2fn.launch(grid2, block, (
                     t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt, res_row, res_t, rpart, a,
                     tk, st, rcnt, rt, vec_t, vec_q))
-            call.finish()
+            if call.back:  # NumPy outputs to copy back
+                call.finish()
             return
         ntiles = (v + _VTILE - 1) // _VTILE
         nrt = (v + _RTILE - 1) // _RTILE
@@ -765,7 +779,8 @@ class CupyBackend:
             rcnt = scratch("rcnt", 4 * batch)
             _kernel("dc_vpart_chain")((rows, ntiles), (256,), chain_args + (vcnt,))
             _kernel("dc_vresid_fused")((nrt, batch), (256,), draw_args + (rcnt,))
-        call.finish()
+        if call.back:  # NumPy outputs to copy back
+            call.finish()
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
                     accepted, tokens, status):
