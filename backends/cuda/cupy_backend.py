@@ -100,6 +100,9 @@ _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 # The fused kernel takes vocabularies up to _VF_MAXV (<= 128 tiles of <= 8192 ids).
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 _VF_MAXV = 128 * 8192
+# entries of a row's list of ids whose selection needs the exact total (more: their 64-id
+# chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
+_VF_ACAP = int(os.environ.get("DYADIC_CUDA_VF_ACAP", "2048"))
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
@@ -817,13 +820,16 @@ class CupyBackend:
             nch = (v + 63) // 64
             plan = ((nt, batch), np.int32(vt), np.int32(nt),
                     scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
-                    scratch("vf_rchunk", 16 * batch * k1 * nch), scratch("vf_cnt", 4 * batch),
-                    _kernel("dc_vfused"), np.int32(batch <= _LAZY_PRE))
+                    scratch("vf_rchunk", 16 * batch * k1 * nch),
+                    scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
+                    scratch("vf_acnt", 4 * batch * k1), np.int32(_VF_ACAP),
+                    scratch("vf_cnt", 4 * batch), _kernel("dc_vfused"),
+                    np.int32(batch <= _LAZY_PRE))
             _PLANS[pk] = plan
-        grid, vt, nt32, tpart, rchunk, cnt, kern, pre = plan
+        grid, vt, nt32, tpart, rchunk, alist, acnt, acap, cnt, kern, pre = plan
         kern(grid, (256,),
              (t, d, qc, qi, np.int32(w), np.int32(k), np.int32(v), nt32, *kptrs, np.int32(kfmt),
-              tpart, rchunk, a, tk, st, cnt, vt, pre))
+              tpart, rchunk, alist, acnt, acap, a, tk, st, cnt, vt, pre))
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
         """dc_vlazy2 (classification, candidate-row sums) + dc_vres2 (residual / bonus draw)."""

@@ -20,14 +20,18 @@
  *   2. for each candidate row i, the block's tile in one pass over P (and the
  *      dense q row / point mass / sparse support): the split sums of P and the
  *      validity (dc_vlazy2's row total), and per chunk of VF_CH = 64 ids the
- *      sums over its DEFINITE selected ids, sum P and sum c, with a dirty bit
- *      when the chunk holds an ambiguous id -> chunk records (2 x u64) and the
- *      tile record (T split sums, bad, sum P, sum c, dirty chunks).
+ *      sums over its DEFINITE selected ids, sum P and sum c -> chunk records
+ *      (2 x u64) and the tile record (T split sums, bad, sum P, sum c, dirty
+ *      chunks); every ambiguous id goes to the row's list (P, id, c; one
+ *      atomic per warp), and a chunk whose ambiguous id finds the list full
+ *      (acap entries) gets a dirty bit.
  *   3. the last block of the request (atomic counter after __threadfence,
  *      reset by that block: graph replays start at zero): the exact T and
  *      status of each candidate row, lz_walk (thread 0: accepted, tokens,
- *      status, the residual row R); then for R: every dirty chunk is summed
- *      again exactly (dy_residual > 0 with the exact T, warp per tile) and its
+ *      status, the residual row R; the list counters of the candidate rows
+ *      are reset); then for R: each listed id with dy_residual > 0 for the
+ *      exact T adds (P, c) to its tile and chunk sums (one thread per id), then
+ *      every dirty chunk is summed again exactly (warp per tile) and its
  *      record and tile sums are replaced; then one warp draws x below the
  *      total (domain CORRECTION, position + R, index 0: dc_vres2's draw) and
  *      finds the tile, the chunk and the id (lr_find, lr_find, lr_pick).
@@ -42,7 +46,8 @@
  * Reads: as dc_vlazy2 + dc_vres2 minus the second pass over the residual row
  * (plus, when AMB tests precede the rejection, the q rows of those rows).
  * Scratch: tile records 6 u64 per (request, row, tile); chunk records 2 u64
- * per (request, row, chunk); one counter per request.
+ * per (request, row, chunk); lists of acap x 2 u64 and their counters per
+ * (request, row); one block counter per request.
  * ====================================================================== */
 #define VF_CH 64                             /* ids per chunk */
 #define VF_MAXT 128                          /* tiles per row */
@@ -52,6 +57,9 @@
 #define VF_THI24 ((1ull << 38) + (1ull << 28))  /* THI / 2^24 */
 #define VF_TLO24 ((1ull << 38) - (1ull << 28))  /* TLO / 2^24 */
 #define VF_TREC 6                            /* u64 words per tile record */
+#ifndef VF_MINB
+#define VF_MINB 3                            /* blocks per SM (register cap) */
+#endif
 
 struct VfShared {
   LzShared z;
@@ -62,12 +70,13 @@ struct VfShared {
   u64 whi[8], wlo[8];
   u32 wbad[8];
   int jR, R;
+  u32 na;
   u64 TR;
 };
 
 /* One id: its P into the row-total split sums and validity; if DEFINITE selected,
  * (P, c) into (sp, sc); amb when AMBIGUOUS (see the header). */
-DC_FN void vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u64& sc, u32& amb) {
+DC_FN bool vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u64& sc) {
   const u64 P = dy_target_fixed_fast(bits);
   bad |= (u32)!dy_target_bits_valid(bits);
   shi += P >> 32; slo += P & 0xFFFFFFFFull;
@@ -75,7 +84,16 @@ DC_FN void vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u64& 
   const bool hi = small && P > c * VF_THI24, lo = small && P > c * VF_TLO24;
   const u64 m = (u64)0 - (u64)hi;
   sp += P & m; sc += c & m;
-  amb |= (u32)((lo && !hi) || !small);
+  return (lo && !hi) || !small;
+}
+
+/* An ambiguous id into the row's list (P, id << 32 | c); false when the list is full
+ * (its chunk is then summed again in full by the last block). */
+DC_FN bool vf_push(u64* alist, u32* acnt, int acap, u64 P, int id, u32 c) {
+  const u32 j = atomicAdd(acnt, 1u);
+  if (j >= (u32)acap) return false;
+  *(ulonglong2*)(alist + 2 * (i64)j) = make_ulonglong2(P, ((u64)(u32)id << 32) | c);
+  return true;
 }
 
 /* The exact (sum P, sum c) over {v in [v0, v0 + VF_CH) : R_v > 0} for the total T
@@ -96,7 +114,8 @@ DC_FN void vf_chunk_exact(const ResRow& r, int v0, int V, u64* sp, u64* sc) {
 
 /* Step 2 for row i of request b: the tile [lo, hi) (see the header). */
 DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* qir, int W, int d,
-                   bool bonus, int lo, int hi, u64* rch, u64* trec, VfShared& s) {
+                   bool bonus, int lo, int hi, u64* rch, u64* trec, u64* alist, u32* acnt, int acap,
+                   VfShared& s) {
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const bool sparse = qir != 0;
   const int nct = (hi - lo + VF_CH - 1) / VF_CH;
@@ -113,16 +132,28 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
 #pragma unroll
     for (int u = 0; u < VF_SU; ++u) {
       const int cl = cb + wid + 8 * u, v = lo + cl * VF_CH + lane;
-      u64 sp = 0, sc = 0; u32 amb = 0;
+      u64 sp = 0, sc = 0; u32 full = 0;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int ve = v + 32 * e;
         const u64 c = qrow ? (u64)qb[2 * u + e] : (ve == d ? (u64)DY_TOTAL : 0ull);
-        vf_elem(tb[2 * u + e], c, shi, slo, bad, sp, sc, amb);
+        const bool amb = vf_elem(tb[2 * u + e], c, shi, slo, bad, sp, sc) && ve < hi;
+        const unsigned bal = __ballot_sync(0xffffffffu, amb);
+        if (bal) {  /* one atomic per warp: the ambiguous ids into the list */
+          u32 base = 0;
+          if (lane == 0) base = atomicAdd(acnt, (u32)__popc(bal));
+          base = __shfl_sync(0xffffffffu, base, 0) + __popc(bal & ((1u << lane) - 1u));
+          if (amb) {
+            if (base < (u32)acap)
+              *(ulonglong2*)(alist + 2 * (i64)base) =
+                  make_ulonglong2(dy_target_fixed_fast(tb[2 * u + e]), ((u64)(u32)ve << 32) | (u32)c);
+            else full = 1;
+          }
+        }
       }
       sp = warp_sum64(sp); sc = warp_sum64(sc);
-      amb = __any_sync(0xffffffffu, amb != 0);
-      if (lane == 0 && cl < nct) { s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = amb; }
+      full = __any_sync(0xffffffffu, full != 0);
+      if (lane == 0 && cl < nct) { s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full; }
     }
   }
   shi = warp_sum64(shi); slo = warp_sum64(slo);
@@ -135,11 +166,11 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
       if (id >= lo && id < hi) {
         const u64 P = dy_target_fixed_fast(trow[id]), c = qcr[j];
         const int cl = (id - lo) / VF_CH;
-        u64 h1 = 0, l1 = 0, sp = 0, sc = 0; u32 b1 = 0, amb = 0;
-        vf_elem(trow[id], c, h1, l1, b1, sp, sc, amb);
+        u64 h1 = 0, l1 = 0, sp = 0, sc = 0; u32 b1 = 0;
+        const bool amb = vf_elem(trow[id], c, h1, l1, b1, sp, sc);
         if (sp) atomicAdd((unsigned long long*)&s.csc[cl], (unsigned long long)sc);
         else atomicAdd((unsigned long long*)&s.csp[cl], (unsigned long long)((u64)0 - P));
-        if (amb) atomicOr(&s.cdirty[cl], 1u);
+        if (amb && !vf_push(alist, acnt, acap, P, id, (u32)c)) atomicOr(&s.cdirty[cl], 1u);
       }
     }
     __syncthreads();
@@ -167,10 +198,11 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
   __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(256) dc_vfused(
+extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* tpart, u64* rchunk, int* accepted, int* tokens, int* status, u32* cnt, int vt, int pre) {
+    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+    int* status, u32* cnt, int vt, int pre) {
   __shared__ VfShared s;
   const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
@@ -195,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vfused(
     vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
             sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
             (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
-            tpart + (row * nt + tile) * VF_TREC, s);
+            tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap, s);
   }
   /* 3. the last block of the request */
   __threadfence();
@@ -230,6 +262,9 @@ extern "C" __global__ void __launch_bounds__(256) dc_vfused(
   }
   __syncthreads();
   const int R = s.R;
+  if (tid == 0) s.na = R >= 0 ? min(__ldcg(&acnt[(i64)b * k1 + R]), (u32)acap) : 0u;
+  __syncthreads();
+  for (int j = tid; j < ncand; j += 256) acnt[(i64)b * k1 + s.z.cand[j]] = 0;  /* replays start at 0 */
   if (R < 0) return;
   const u64 T = s.TR;
   const bool bonus = R == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
@@ -253,7 +288,26 @@ extern "C" __global__ void __launch_bounds__(256) dc_vfused(
   }
   __syncthreads();
   if (sparse) r.nv = s.z.ncand;
-  /* dirty chunks: summed again exactly, warp per tile */
+  /* the listed ambiguous ids of row R, in parallel: (P, c) into their tile and chunk sums
+   * where R_v > 0 for the exact T (u64 sums: exact at the end) */
+  {
+    const u32 na = s.na;
+    const u64* al = alist + 2 * row * acap;
+    for (u32 e = tid; e < na; e += 256) {
+      const u64 P = __ldcg(&al[2 * e]), w = __ldcg(&al[2 * e + 1]);
+      const int id = (int)(w >> 32);
+      const u32 c = (u32)w;
+      if (!dy_is_zero128(dy_residual(P, c, T))) {
+        atomicAdd((unsigned long long*)&s.tsp[id / vt], (unsigned long long)P);
+        atomicAdd((unsigned long long*)&s.tsc[id / vt], (unsigned long long)c);
+        atomicAdd((unsigned long long*)&rch[2 * (i64)(id / VF_CH)], (unsigned long long)P);
+        atomicAdd((unsigned long long*)&rch[2 * (i64)(id / VF_CH) + 1], (unsigned long long)c);
+      }
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  /* dirty chunks (ids that did not fit in the list): summed again exactly, warp per tile */
   const int cpt = vt / VF_CH;
   for (int t = wid; t < nt; t += 8) {
     if (!s.tnd[t]) continue;
