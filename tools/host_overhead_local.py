@@ -42,11 +42,13 @@ K = 5
 
 # ----------------------------------------------------------------- import a given tree
 class _TreeFinder(importlib.abc.MetaPathFinder):
-    """Import ``dyadic`` from ROOT/dyadic and ``dyadic.backends`` from ROOT/backends."""
+    """Import package ``name`` from ROOT/dyadic and ``name.backends`` from ROOT/backends
+    (dyadic's hot-path modules import each other relatively: two trees can live in one
+    process under two names)."""
 
-    def __init__(self, root):
-        self.map = {"dyadic": os.path.join(root, "dyadic"),
-                    "dyadic.backends": os.path.join(root, "backends")}
+    def __init__(self, root, name="dyadic"):
+        self.map = {name: os.path.join(root, "dyadic"),
+                    name + ".backends": os.path.join(root, "backends")}
 
     def find_spec(self, fullname, path=None, target=None):
         d = self.map.get(fullname)
@@ -178,18 +180,25 @@ class FakeDriver:
         return 0
 
 
-def install(root, trace=None):
-    """Fakes in place, dyadic imported from ``root``; returns (dyadic, torch)."""
-    sys.meta_path.insert(0, _TreeFinder(root))
-    sys.modules["cupy"] = fake_cupy()
+def install(root, trace=None, name="dyadic"):
+    """Fakes in place, dyadic imported from ``root`` as package ``name``; returns
+    (dyadic, torch)."""
+    sys.meta_path.insert(0, _TreeFinder(root, name))
+    if "cupy" not in sys.modules:
+        sys.modules["cupy"] = fake_cupy()
     import torch
     torch.Tensor.is_cuda = True  # CPU tensors pass the CUDA checks
     torch.Tensor.get_device = int  # t.get_device() -> 0 (a type: not bound as a method)
     torch._C._cuda_getCurrentRawStream = (0).__mul__  # (dev) -> 0: the default stream
     torch.cuda.current_device = int
     torch.cuda.is_current_stream_capturing = bool  # () -> False
-    import dyadic
-    from dyadic.backends.cuda import cupy_backend, launch
+    dyadic = importlib.import_module(name)
+    if name != "dyadic":  # the backend registry names modules absolutely: this tree's
+        reg = importlib.import_module(name + "._backend")
+        reg._REGISTRY = {k: (m.replace("dyadic.", name + ".", 1), *rest)
+                         for k, (m, *rest) in reg._REGISTRY.items()}
+    cupy_backend = importlib.import_module(name + ".backends.cuda.cupy_backend")
+    launch = importlib.import_module(name + ".backends.cuda.launch")
     assert cupy_backend.__file__.startswith(root), cupy_backend.__file__
     cupy_backend._launch_setup()
     launch.set_driver(FakeDriver(trace, _param_counts(root) if trace is not None else None))
@@ -244,27 +253,37 @@ def timed_cases(dyadic, d):
     }
 
 
-def run_timings(dyadic, torch, reps, batches):
-    """Median host time per call of every case; the cases take turns in blocks of 50
-    calls, so that a slow spell of the machine is shared by all of them."""
+def run_timings(trees, torch, reps, batches, block=50):
+    """Host time per call of every case in every tree (``{label: dyadic module}``, all in
+    this process).  Cases and trees take turns in blocks of ``block`` calls, so that a
+    slow spell of the machine (a shared VM) hits all of them alike.  Returns
+    {case: {label: (median per call, fastest block's mean per call)}} in us."""
     fns = {}
     for B in batches:
-        d = make_inputs(torch, dyadic, B)
-        for name, fn in timed_cases(dyadic, d).items():
-            fns[f"{name} B={B}"] = fn
+        for label, dyadic in trees.items():
+            d = make_inputs(torch, dyadic, B)
+            for name, fn in timed_cases(dyadic, d).items():
+                fns[(f"{name} B={B}", label)] = fn
     for fn in fns.values():
         for _ in range(200):
             fn()
     pc = time.perf_counter
-    ts = {name: [] for name in fns}
-    for _ in range(max(1, reps // 50)):
-        for name, fn in fns.items():
-            t = ts[name]
-            for _ in range(50):
+    ts = {key: [] for key in fns}
+    blocks = {key: [] for key in fns}
+    for _ in range(max(1, reps // block)):
+        for key, fn in fns.items():
+            t = ts[key]
+            b0 = pc()
+            for _ in range(block):
                 t0 = pc()
                 fn()
                 t.append(pc() - t0)
-    return {name: statistics.median(t) * 1e6 for name, t in ts.items()}
+            blocks[key].append((pc() - b0) / block)
+    out = {}
+    for (case, label), t in ts.items():
+        out.setdefault(case, {})[label] = (statistics.median(t) * 1e6,
+                                           min(blocks[(case, label)]) * 1e6)
+    return out
 
 
 # ---------------------------------------------------------------------------- trace
@@ -486,7 +505,19 @@ def child(args):
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(30)
         return
-    json.dump(run_timings(dyadic, torch, args.reps, args.batch), sys.stdout)
+    print_timings(run_timings({"this tree": dyadic}, torch, args.reps, args.batch), args.reps)
+
+
+def print_timings(res, reps):
+    labels = list(next(iter(res.values())))
+    print("local fake-launch host time per call, us: median of %d calls "
+          "[fastest 50-call block's mean]" % reps)
+    print("%-26s" % "case" + "".join("%24s" % lab for lab in labels)
+          + ("   ratio of medians" if len(labels) == 2 else ""))
+    for case, row in res.items():
+        vals = [row[lab] for lab in labels]
+        print("%-26s" % case + "".join("%14.2f [%6.2f]" % v for v in vals)
+              + ("   %.2fx" % (vals[0][0] / vals[1][0]) if len(vals) == 2 else ""))
 
 
 def _worktree(rev):
@@ -509,14 +540,13 @@ def main():
     ap.add_argument("--root", default=os.path.dirname(HERE), help="tree to import dyadic from")
     ap.add_argument("--compare", metavar="REV", help="also time git REV (worktree), side by side")
     ap.add_argument("--reps", type=int, default=3000)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating runs per tree")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--trace-diff", action="store_true")
     ap.add_argument("--profile", metavar="CASE_bN")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child or args.profile or (args.trace and not args.compare):
+    if args.child or args.profile or (args.trace and not args.compare) or not args.compare:
         return child(args)
     trees = [("this tree", os.path.abspath(args.root))]
     if args.compare:
@@ -532,20 +562,10 @@ def main():
         nr = sum(r["result"][0] == "raise" for r in b.values())
         print(f"trace: {len(b)} calls ({nr} raised, {nl} launches); {len(bad)} differ")
         return 1 if bad else 0
-    extra = ["--reps", str(args.reps), "--batch", *map(str, args.batch)]
-    runs = {label: [] for label, _ in trees}
-    for _ in range(args.rounds):
-        for label, path in trees:
-            runs[label].append(json.loads(_run_child(path, extra)))
-    labels = [label for label, _ in trees]
-    print("local fake-launch host time per call, us (median of %d calls, median of %d runs)"
-          % (args.reps, args.rounds))
-    print("%-28s" % "case" + "".join("%14s" % lab for lab in labels)
-          + ("   ratio" if len(labels) == 2 else ""))
-    for case in runs[labels[0]][0]:
-        vals = [statistics.median(r[case] for r in runs[lab]) for lab in labels]
-        print("%-28s" % case + "".join("%14.2f" % x for x in vals)
-              + ("   %.2fx" % (vals[0] / vals[1]) if len(vals) == 2 else ""))
+    mods = {}
+    for i, (label, path) in enumerate(trees):
+        mods[label], torch = install(path, None, "dyadic" if i == len(trees) - 1 else "dyadic_base")
+    print_timings(run_timings(mods, torch, args.reps, args.batch), args.reps)
 
 
 if __name__ == "__main__":

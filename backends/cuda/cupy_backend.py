@@ -705,7 +705,7 @@ class CupyBackend:
     # --------------------------------------------------------------- verify
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
-        batch, k1, v = map(int, target.shape)
+        batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
         k = k1 - 1
         if k > _MAX_K_VERIFY:
             raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "

@@ -237,7 +237,7 @@ class Kernel:
         self._free = []
 
     def __call__(self, grid, block, args, stream=None):
-        if self.uses_cupy():
+        if (_STATE["lib"] is None or MODE == "cupy" or self.handle is None) and self.uses_cupy():
             return self._cupy(grid, block, args, stream)
         nd = _ND
         self.launch((*grid, 1, 1)[:3], (*block, 1, 1)[:3],
