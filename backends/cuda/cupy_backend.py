@@ -495,12 +495,13 @@ class CupyBackend:
         shape = x.shape
         batch, v = int(shape[0]), int(shape[1])
         dev = _device_id()
+        x_ptr, temp_ptr = call.many((x, temperature))
+        x_code = _x_code(x)  # x's dtype error first, then bias's (as before)
         if bias is None:
             bias_ptr, bias_code, bias_rows = _NULL, _I32[0], _I32[0]
         else:
             bias_ptr, bias_code, bias_rows = call(bias), _x_code(bias), _I32[int(bias.shape[0])]
-        x_ptr, temp_ptr = call.many((x, temperature))
-        common = (x_ptr, _x_code(x), bias_ptr, bias_code, bias_rows, temp_ptr,
+        common = (x_ptr, x_code, bias_ptr, bias_code, bias_rows, temp_ptr,
                   _I32[bool(logits)], _I32[greedy_ok], _I32[v])
         do_draw = tokens is not None
         if do_draw:
