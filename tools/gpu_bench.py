@@ -130,7 +130,9 @@ def main():
                                     ("propose_top32_bf16_PK1", "_PK_MODE", "1", prop),
                                     ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
                                     ("verify_k5_dense_lazy_V2", "_LAZY_MODE", "2", ver_lazy),
-                                    ("verify_k5_top32_lazy_V2", "_LAZY_MODE", "2", ver_sp_lazy)):
+                                    ("verify_k5_top32_lazy_V2", "_LAZY_MODE", "2", ver_sp_lazy),
+                                    ("verify_k5_dense_lazy_VT8K", "_VF_VTCAP", 8192, ver_lazy),
+                                    ("verify_k5_dense_lazy_BPS6", "_VF_BPS", 6.0, ver_lazy)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)

@@ -99,7 +99,11 @@ _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 # ambiguous 64-id chunks summed again exactly by the last block); =2: dc_vlazy2 + dc_vres2.
 # The fused kernel takes vocabularies up to _VF_MAXV (<= 128 tiles of <= 8192 ids).
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
-_VF_MAXV = 128 * 8192
+# Tiles: about _VF_BPS blocks per SM over the whole grid (one wave at the kernel's register
+# cap of 3 blocks per SM), multiples of 1024 ids, at most _VF_VTCAP (<= 32768: VF_MAXCT).
+_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "32768"))
+_VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
+_VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
 # chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
 _VF_ACAP = int(os.environ.get("DYADIC_CUDA_VF_ACAP", "2048"))
@@ -816,7 +820,9 @@ class CupyBackend:
         pk = ("verify_lazy_fused", dev, batch, k1, v)
         plan = _PLANS.get(pk)
         if plan is None:
-            vt = _tile_for(v, batch, _num_sms(), 8192)  # <= 8192: <= 128 chunks per tile
+            want = max(1, int(-(-_VF_BPS * _num_sms() // batch)))  # tiles per row
+            vt = -(-(-(-v // want)) // 1024) * 1024
+            vt = max(1024, min(_VF_VTCAP, vt), -(-(-(-v // 128)) // 1024) * 1024)
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
             nch = (v + 63) // 64
             plan = ((nt, batch), np.int32(vt), np.int32(nt),

@@ -15,7 +15,7 @@
  * the band) or P <= c (2^38 - 2^28) (selected for none), else AMBIGUOUS (also
  * every c >= 2^25, an invalid count: decided exactly later).
  *
- * grid (nt, B), 256 threads, tile vt (a multiple of 1024, <= 8192, nt <= VF_MAXT):
+ * grid (nt, B), 256 threads, tile vt (a multiple of 1024, <= 32768, nt <= VF_MAXT):
  *   1. lz_tests: classify the k tests, candidate rows (as dc_vlazy2).
  *   2. for each candidate row i, the block's tile in one pass over P (and the
  *      dense q row / point mass / sparse support): the split sums of P and the
@@ -51,7 +51,7 @@
  * ====================================================================== */
 #define VF_CH 64                             /* ids per chunk */
 #define VF_MAXT 128                          /* tiles per row */
-#define VF_MAXCT 128                         /* chunks per tile (vt <= 8192) */
+#define VF_MAXCT 512                         /* chunks per tile (vt <= 32768) */
 #define VF_SU 4                              /* chunks per warp and iteration */
 #define VF_DIRTY (1ull << 63)                /* in a chunk record's count word */
 #define VF_THI24 ((1ull << 38) + (1ull << 28))  /* THI / 2^24 */
@@ -334,9 +334,8 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
   __threadfence();
   __syncthreads();
   if (wid != 0) return;
-  /* warp 0: the draw and the search (dc_vres2's) */
-  DcKey rk; rk.seed = 0; rk.gen = rk.rnd = rk.pos = 0;
-  if (lane == 0) rk = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  /* warp 0: the draw (lane 0, thread 0's key of step 1) and the search (dc_vres2's) */
+  const DcKey& rk = key;
   dy_u128 x1, x2;
   const int jt = lr_find([&](int q) { return lr_val(s.tsp[q], s.tsc[q], T, bonus); }, nt, true,
       [&](dy_u128 tot, dy_u128* px) {
