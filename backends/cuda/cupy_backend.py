@@ -101,7 +101,9 @@ _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 # Tiles: about _VF_BPS blocks per SM over the whole grid (one wave at the kernel's register
 # cap of 3 blocks per SM), multiples of 1024 ids, at most _VF_VTCAP (<= 32768: VF_MAXCT).
-_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "32768"))
+# H200, dense q k=5, B=1/4/16/64: cap 8192 18.4 / 17.4 / 25.9 / 59.0 us, cap 32768 18.3 /
+# 17.6 / 25.8 / 68.7, 6 blocks per SM 18.4 / 24.1 / 31.7 / 62.0 (one run).
+_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "8192"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 _VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
@@ -834,9 +836,12 @@ class CupyBackend:
                     np.int32(batch <= _LAZY_PRE))
             _PLANS[pk] = plan
         grid, vt, nt32, tpart, rchunk, alist, acnt, acap, cnt, kern, pre = plan
+        vec = v % 4 == 0 and int(t) % 16 == 0  # 16-byte loads (dense q: vec_q too)
+        vec_q = vec and bool(qc) and not qi and int(qc) % 16 == 0  # null pointers: 0
         kern(grid, (256,),
              (t, d, qc, qi, np.int32(w), np.int32(k), np.int32(v), nt32, *kptrs, np.int32(kfmt),
-              tpart, rchunk, alist, acnt, acap, a, tk, st, cnt, vt, pre))
+              tpart, rchunk, alist, acnt, acap, a, tk, st, cnt, vt, pre, np.int32(vec),
+              np.int32(vec_q)))
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
         """dc_vlazy2 (classification, candidate-row sums) + dc_vres2 (residual / bonus draw)."""

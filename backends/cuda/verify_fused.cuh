@@ -18,7 +18,9 @@
  * grid (nt, B), 256 threads, tile vt (a multiple of 1024, <= 32768, nt <= VF_MAXT):
  *   1. lz_tests: classify the k tests, candidate rows (as dc_vlazy2).
  *   2. for each candidate row i, the block's tile in one pass over P (and the
- *      dense q row / point mass / sparse support): the split sums of P and the
+ *      dense q row / point mass / sparse support; 16-byte loads, a half warp per
+ *      chunk, when V % 4 == 0 and the rows are 16-byte aligned; else 4-byte
+ *      loads, a warp per chunk): the split sums of P and the
  *      validity (dc_vlazy2's row total), and per chunk of VF_CH = 64 ids the
  *      sums over its DEFINITE selected ids, sum P and sum c -> chunk records
  *      (2 x u64) and the tile record (T split sums, bad, sum P, sum c, dirty
@@ -52,7 +54,8 @@
 #define VF_CH 64                             /* ids per chunk */
 #define VF_MAXT 128                          /* tiles per row */
 #define VF_MAXCT 512                         /* chunks per tile (vt <= 32768) */
-#define VF_SU 4                              /* chunks per warp and iteration */
+#define VF_SU 4                              /* scalar path: chunks per warp and iteration */
+#define VF_CU 2                              /* vector path: 16-byte loads per thread and row */
 #define VF_DIRTY (1ull << 63)                /* in a chunk record's count word */
 #define VF_THI24 ((1ull << 38) + (1ull << 28))  /* THI / 2^24 */
 #define VF_TLO24 ((1ull << 38) - (1ull << 28))  /* TLO / 2^24 */
@@ -87,7 +90,24 @@ DC_FN bool vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u64& 
   return (lo && !hi) || !small;
 }
 
-/* An ambiguous id into the row's list (P, id << 32 | c); false when the list is full
+/* The ambiguous ids of a warp (amb: this lane's) into the row's list (P, id << 32 | c),
+ * one atomic per warp; 1 for a lane whose id found the list full (its chunk is then
+ * summed again in full by the last block).  All 32 lanes call it. */
+DC_FN u32 vf_list(bool amb, u32 bits, int id, u32 c, u64* alist, u32* acnt, int acap) {
+  const unsigned bal = __ballot_sync(0xffffffffu, amb);
+  if (!bal) return 0;
+  const int lane = threadIdx.x & 31;
+  u32 base = 0;
+  if (lane == 0) base = atomicAdd(acnt, (u32)__popc(bal));
+  base = __shfl_sync(0xffffffffu, base, 0) + __popc(bal & ((1u << lane) - 1u));
+  if (!amb) return 0;
+  if (base >= (u32)acap) return 1;
+  *(ulonglong2*)(alist + 2 * (i64)base) =
+      make_ulonglong2(dy_target_fixed_fast(bits), ((u64)(u32)id << 32) | c);
+  return 0;
+}
+
+/* One ambiguous id into the row's list (P, id << 32 | c); false when the list is full
  * (its chunk is then summed again in full by the last block). */
 DC_FN bool vf_push(u64* alist, u32* acnt, int acap, u64 P, int id, u32 c) {
   const u32 j = atomicAdd(acnt, 1u);
@@ -115,45 +135,73 @@ DC_FN void vf_chunk_exact(const ResRow& r, int v0, int V, u64* sp, u64* sc) {
 /* Step 2 for row i of request b: the tile [lo, hi) (see the header). */
 DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* qir, int W, int d,
                    bool bonus, int lo, int hi, u64* rch, u64* trec, u64* alist, u32* acnt, int acap,
-                   VfShared& s) {
+                   bool vec, VfShared& s) {
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const bool sparse = qir != 0;
   const int nct = (hi - lo + VF_CH - 1) / VF_CH;
   u64 shi = 0, slo = 0; u32 bad = 0;
   /* c_v: dense q[v]; point mass 2^24 [v == d]; bonus / sparse 0 (sparse: corrected below) */
-  for (int cb = 0; cb < nct; cb += 8 * VF_SU) {
-    u32 tb[2 * VF_SU], qb[2 * VF_SU];
+  auto cval = [&](u32 qv, int v) -> u64 { return qrow ? (u64)qv : (v == d ? (u64)DY_TOTAL : 0ull); };
+  if (vec) {  /* 16-byte loads: the 16 lanes of a half warp hold one chunk */
+    const uint4* t4 = (const uint4*)(trow + lo);
+    const uint4* q4 = qrow ? (const uint4*)(qrow + lo) : 0;
+    const int n4 = (hi - lo) >> 2;
+    for (int base = 0; base < n4; base += 256 * VF_CU) {  /* uniform trip count: shuffles */
+      uint4 tb[VF_CU], qb[VF_CU];
 #pragma unroll
-    for (int u = 0; u < 2 * VF_SU; ++u) {
-      const int v = lo + (cb + wid + 8 * (u >> 1)) * VF_CH + lane + 32 * (u & 1);
-      tb[u] = v < hi ? __ldcs(&trow[v]) : 0u;
-      qb[u] = (qrow && v < hi) ? __ldcs(&qrow[v]) : 0u;
-    }
+      for (int u = 0; u < VF_CU; ++u) {
+        const int g = base + tid + u * 256;
+        tb[u] = g < n4 ? __ldcs(&t4[g]) : make_uint4(0, 0, 0, 0);
+        qb[u] = (q4 && g < n4) ? __ldcs(&q4[g]) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-    for (int u = 0; u < VF_SU; ++u) {
-      const int cl = cb + wid + 8 * u, v = lo + cl * VF_CH + lane;
-      u64 sp = 0, sc = 0; u32 full = 0;
+      for (int u = 0; u < VF_CU; ++u) {
+        const int g = base + tid + u * 256, v = lo + 4 * g;
+        const u32 bb[4] = {tb[u].x, tb[u].y, tb[u].z, tb[u].w};
+        const u32 cc[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
+        u64 sp = 0, sc = 0; u32 full = 0;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ve = v + 32 * e;
-        const u64 c = qrow ? (u64)qb[2 * u + e] : (ve == d ? (u64)DY_TOTAL : 0ull);
-        const bool amb = vf_elem(tb[2 * u + e], c, shi, slo, bad, sp, sc) && ve < hi;
-        const unsigned bal = __ballot_sync(0xffffffffu, amb);
-        if (bal) {  /* one atomic per warp: the ambiguous ids into the list */
-          u32 base = 0;
-          if (lane == 0) base = atomicAdd(acnt, (u32)__popc(bal));
-          base = __shfl_sync(0xffffffffu, base, 0) + __popc(bal & ((1u << lane) - 1u));
-          if (amb) {
-            if (base < (u32)acap)
-              *(ulonglong2*)(alist + 2 * (i64)base) =
-                  make_ulonglong2(dy_target_fixed_fast(tb[2 * u + e]), ((u64)(u32)ve << 32) | (u32)c);
-            else full = 1;
-          }
+        for (int e = 0; e < 4; ++e) {
+          const u64 c = cval(cc[e], v + e);
+          const bool amb = vf_elem(bb[e], c, shi, slo, bad, sp, sc) && g < n4;
+          full |= vf_list(amb, bb[e], v + e, (u32)c, alist, acnt, acap);
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) {
+          sp += __shfl_xor_sync(0xffffffffu, sp, o);
+          sc += __shfl_xor_sync(0xffffffffu, sc, o);
+        }
+        full = (__ballot_sync(0xffffffffu, full != 0) >> (lane & 16)) & 0xFFFFu;
+        if ((lane & 15) == 0 && g < n4) {
+          const int cl = g >> 4;
+          s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full != 0;
         }
       }
-      sp = warp_sum64(sp); sc = warp_sum64(sc);
-      full = __any_sync(0xffffffffu, full != 0);
-      if (lane == 0 && cl < nct) { s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full; }
+    }
+  } else {  /* scalar loads: warp w takes chunks w, w + 8, ... (ids lane and lane + 32) */
+    for (int cb = 0; cb < nct; cb += 8 * VF_SU) {
+      u32 tb[2 * VF_SU], qb[2 * VF_SU];
+#pragma unroll
+      for (int u = 0; u < 2 * VF_SU; ++u) {
+        const int v = lo + (cb + wid + 8 * (u >> 1)) * VF_CH + lane + 32 * (u & 1);
+        tb[u] = v < hi ? __ldcs(&trow[v]) : 0u;
+        qb[u] = (qrow && v < hi) ? __ldcs(&qrow[v]) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < VF_SU; ++u) {
+        const int cl = cb + wid + 8 * u, v = lo + cl * VF_CH + lane;
+        u64 sp = 0, sc = 0; u32 full = 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ve = v + 32 * e;
+          const u64 c = cval(qb[2 * u + e], ve);
+          const bool amb = vf_elem(tb[2 * u + e], c, shi, slo, bad, sp, sc) && ve < hi;
+          full |= vf_list(amb, tb[2 * u + e], ve, (u32)c, alist, acnt, acap);
+        }
+        sp = warp_sum64(sp); sc = warp_sum64(sc);
+        full = __any_sync(0xffffffffu, full != 0);
+        if (lane == 0 && cl < nct) { s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full; }
+      }
     }
   }
   shi = warp_sum64(shi); slo = warp_sum64(slo);
@@ -202,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
   __shared__ VfShared s;
   const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
@@ -227,7 +275,8 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
     vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
             sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
             (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
-            tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap, s);
+            tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap,
+            vec && (!dense || vec_q), s);
   }
   /* 3. the last block of the request */
   __threadfence();
