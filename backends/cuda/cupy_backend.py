@@ -106,6 +106,9 @@ _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 _VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "8192"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 _VF_MAXV = 128 * 32768
+# A/B variants (verify_fused.cuh): dc_vfused (2 16-byte loads per thread and row in flight,
+# 3 blocks per SM), dc_vfused_c4 (4 loads), dc_vfused_m2 / dc_vfused_c4m2 (2 blocks per SM).
+_VF_KERNEL = os.environ.get("DYADIC_CUDA_VF_KERNEL", "dc_vfused")
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
 # chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
 _VF_ACAP = int(os.environ.get("DYADIC_CUDA_VF_ACAP", "2048"))
@@ -832,7 +835,7 @@ class CupyBackend:
                     scratch("vf_rchunk", 16 * batch * k1 * nch),
                     scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
                     scratch("vf_acnt", 4 * batch * k1), np.int32(_VF_ACAP),
-                    scratch("vf_cnt", 4 * batch), _kernel("dc_vfused"),
+                    scratch("vf_cnt", 4 * batch), _kernel(_VF_KERNEL),
                     np.int32(batch <= _LAZY_PRE))
             _PLANS[pk] = plan
         grid, vt, nt32, tpart, rchunk, alist, acnt, acap, cnt, kern, pre = plan

@@ -55,14 +55,10 @@
 #define VF_MAXT 128                          /* tiles per row */
 #define VF_MAXCT 512                         /* chunks per tile (vt <= 32768) */
 #define VF_SU 4                              /* scalar path: chunks per warp and iteration */
-#define VF_CU 2                              /* vector path: 16-byte loads per thread and row */
 #define VF_DIRTY (1ull << 63)                /* in a chunk record's count word */
 #define VF_THI24 ((1ull << 38) + (1ull << 28))  /* THI / 2^24 */
 #define VF_TLO24 ((1ull << 38) - (1ull << 28))  /* TLO / 2^24 */
 #define VF_TREC 6                            /* u64 words per tile record */
-#ifndef VF_MINB
-#define VF_MINB 3                            /* blocks per SM (register cap) */
-#endif
 
 struct VfShared {
   LzShared z;
@@ -79,14 +75,14 @@ struct VfShared {
 
 /* One id: its P into the row-total split sums and validity; if DEFINITE selected,
  * (P, c) into (sp, sc); amb when AMBIGUOUS (see the header). */
-DC_FN bool vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u64& sc) {
+DC_FN bool vf_elem(u32 bits, u64 c, u64& shi, u64& slo, u32& bad, u64& sp, u32& sc) {
   const u64 P = dy_target_fixed_fast(bits);
   bad |= (u32)!dy_target_bits_valid(bits);
   shi += P >> 32; slo += P & 0xFFFFFFFFull;
   const bool small = c < (1ull << 25);
   const bool hi = small && P > c * VF_THI24, lo = small && P > c * VF_TLO24;
   const u64 m = (u64)0 - (u64)hi;
-  sp += P & m; sc += c & m;
+  sp += P & m; sc += (u32)c & (u32)m;  /* selected: c < 2^25, so a chunk's sum < 2^31 */
   return (lo && !hi) || !small;
 }
 
@@ -133,6 +129,7 @@ DC_FN void vf_chunk_exact(const ResRow& r, int v0, int V, u64* sp, u64* sc) {
 }
 
 /* Step 2 for row i of request b: the tile [lo, hi) (see the header). */
+template <int CU>
 DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* qir, int W, int d,
                    bool bonus, int lo, int hi, u64* rch, u64* trec, u64* alist, u32* acnt, int acap,
                    bool vec, VfShared& s) {
@@ -146,20 +143,20 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
     const uint4* t4 = (const uint4*)(trow + lo);
     const uint4* q4 = qrow ? (const uint4*)(qrow + lo) : 0;
     const int n4 = (hi - lo) >> 2;
-    for (int base = 0; base < n4; base += 256 * VF_CU) {  /* uniform trip count: shuffles */
-      uint4 tb[VF_CU], qb[VF_CU];
+    for (int base = 0; base < n4; base += 256 * CU) {  /* uniform trip count: shuffles */
+      uint4 tb[CU], qb[CU];
 #pragma unroll
-      for (int u = 0; u < VF_CU; ++u) {
+      for (int u = 0; u < CU; ++u) {
         const int g = base + tid + u * 256;
         tb[u] = g < n4 ? __ldcs(&t4[g]) : make_uint4(0, 0, 0, 0);
         qb[u] = (q4 && g < n4) ? __ldcs(&q4[g]) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < VF_CU; ++u) {
+      for (int u = 0; u < CU; ++u) {
         const int g = base + tid + u * 256, v = lo + 4 * g;
         const u32 bb[4] = {tb[u].x, tb[u].y, tb[u].z, tb[u].w};
         const u32 cc[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
-        u64 sp = 0, sc = 0; u32 full = 0;
+        u64 sp = 0; u32 sc = 0, full = 0;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const u64 c = cval(cc[e], v + e);
@@ -190,7 +187,7 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
 #pragma unroll
       for (int u = 0; u < VF_SU; ++u) {
         const int cl = cb + wid + 8 * u, v = lo + cl * VF_CH + lane;
-        u64 sp = 0, sc = 0; u32 full = 0;
+        u64 sp = 0; u32 sc = 0, full = 0;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int ve = v + 32 * e;
@@ -198,7 +195,8 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
           const bool amb = vf_elem(tb[2 * u + e], c, shi, slo, bad, sp, sc) && ve < hi;
           full |= vf_list(amb, tb[2 * u + e], ve, (u32)c, alist, acnt, acap);
         }
-        sp = warp_sum64(sp); sc = warp_sum64(sc);
+        sp = warp_sum64(sp);
+        for (int o = 16; o; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
         full = __any_sync(0xffffffffu, full != 0);
         if (lane == 0 && cl < nct) { s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full; }
       }
@@ -214,7 +212,7 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
       if (id >= lo && id < hi) {
         const u64 P = dy_target_fixed_fast(trow[id]), c = qcr[j];
         const int cl = (id - lo) / VF_CH;
-        u64 h1 = 0, l1 = 0, sp = 0, sc = 0; u32 b1 = 0;
+        u64 h1 = 0, l1 = 0, sp = 0; u32 b1 = 0, sc = 0;
         const bool amb = vf_elem(trow[id], c, h1, l1, b1, sp, sc);
         if (sp) atomicAdd((unsigned long long*)&s.csc[cl], (unsigned long long)sc);
         else atomicAdd((unsigned long long*)&s.csp[cl], (unsigned long long)((u64)0 - P));
@@ -246,11 +244,16 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
   __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
-    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+#define VF_PARAMS                                                                              \
+    const u32 *target, const int *draft, const u32 *qc, const int *qi, int W, int k, int V, int nt, \
+    const void *kseed, const void *kgen, const void *krnd, const void *kpos, int kfmt,            \
+    u64 *tpart, u64 *rchunk, u64 *alist, u32 *acnt, int acap, int *accepted, int *tokens,         \
+    int *status, u32 *cnt, int vt, int pre, int vec, int vec_q
+#define VF_ARGS target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk, \
+    alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q
+
+template <int CU>
+DC_FN void vf_main(VF_PARAMS) {
   __shared__ VfShared s;
   const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
@@ -272,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
     const int i = s.z.cand[j];
     const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
     const i64 row = (i64)b * k1 + i;
-    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
+    vf_tile<CU>(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
             sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
             (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
             tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap,
@@ -289,9 +292,15 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
   for (int j = wid; j < ncand; j += 8) {  /* exact T and status of each candidate row */
     const u64* tr = tpart + ((i64)b * k1 + s.z.cand[j]) * nt * VF_TREC;
     u64 h = 0, l = 0; u32 bd = 0;
+    const bool keep = j == ncand - 1;  /* the residual row unless an AMB test rejects */
     for (int t = lane; t < nt; t += 32) {
       h += __ldcg(&tr[t * VF_TREC]); l += __ldcg(&tr[t * VF_TREC + 1]);
       bd |= (u32)__ldcg(&tr[t * VF_TREC + 2]);
+      if (keep) {
+        s.tsp[t] = __ldcg(&tr[t * VF_TREC + 3]);
+        s.tsc[t] = __ldcg(&tr[t * VF_TREC + 4]);
+        s.tnd[t] = (u32)__ldcg(&tr[t * VF_TREC + 5]);
+      }
     }
     h = warp_sum64(h); l = warp_sum64(l);
     bd = __any_sync(0xffffffffu, bd != 0);
@@ -320,10 +329,12 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
   const i64 row = (i64)b * k1 + R;
   const u64* trR = tpart + row * nt * VF_TREC;
   u64* rch = rchunk + 2 * row * nch;
-  for (int t = tid; t < nt; t += 256) {
-    s.tsp[t] = __ldcg(&trR[t * VF_TREC + 3]);
-    s.tsc[t] = __ldcg(&trR[t * VF_TREC + 4]);
-    s.tnd[t] = (u32)__ldcg(&trR[t * VF_TREC + 5]);
+  if (s.jR != ncand - 1) {  /* an AMB test was rejected: that row's tile sums */
+    for (int t = tid; t < nt; t += 256) {
+      s.tsp[t] = __ldcg(&trR[t * VF_TREC + 3]);
+      s.tsc[t] = __ldcg(&trR[t * VF_TREC + 4]);
+      s.tnd[t] = (u32)__ldcg(&trR[t * VF_TREC + 5]);
+    }
   }
   ResRow r;
   r.t = target + row * V; r.T = T; r.bonus = bonus; r.d = bonus ? -1 : draft[(i64)b * k + R];
@@ -407,3 +418,12 @@ extern "C" __global__ void __launch_bounds__(256, VF_MINB) dc_vfused(
     else tok[R] = j;
   }
 }
+
+/* The kernels: 16-byte loads per thread and row in flight (CU) x blocks per SM (register
+ * cap).  dc_vfused is the default; the others are A/B variants (DYADIC_CUDA_VF_KERNEL). */
+#define VF_KERNEL(NAME, CU, MINB) \
+  extern "C" __global__ void __launch_bounds__(256, MINB) NAME(VF_PARAMS) { vf_main<CU>(VF_ARGS); }
+VF_KERNEL(dc_vfused, 2, 3)
+VF_KERNEL(dc_vfused_c4, 4, 3)
+VF_KERNEL(dc_vfused_m2, 2, 2)
+VF_KERNEL(dc_vfused_c4m2, 4, 2)
