@@ -664,3 +664,17 @@ def test_lazy_residual_row_near_q(cuda, v, b, qkind):
         r2 = _same_as_cpu(p, draft, q, keys)
         rejected += int((np.asarray(r2.accepted) < k).sum())
     assert rejected >= 3, rejected  # residual rows were drawn from
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qkind", ["dense", "sparse"])
+def test_lazy_parity_full_batch(cuda, qkind):
+    """B = 64 at V = 129280 (the benchmark's shape): dc_vfused's largest tiles (16384 ids,
+    256 chunks per tile: the chunk search takes two passes of its warp)."""
+    b, k, v = 64, 5, 129280
+    rng = np.random.default_rng(64 + len(qkind))
+    p = _target(rng, b, k + 1, v)
+    draft, q = _draft_q(rng, p, qkind, k)
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), generation=2, round=1,
+                       position=rng.integers(0, 2**20, size=b))
+    _same_as_cpu(p, draft, q, keys)

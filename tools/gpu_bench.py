@@ -131,12 +131,7 @@ def main():
                                     ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
                                     ("verify_k5_dense_lazy_V2", "_LAZY_MODE", "2", ver_lazy),
                                     ("verify_k5_top32_lazy_V2", "_LAZY_MODE", "2", ver_sp_lazy),
-                                    ("verify_k5_dense_lazy_VT16K", "_VF_VTCAP", 16384, ver_lazy),
-                                    ("verify_k5_dense_lazy_VT32K", "_VF_VTCAP", 32768, ver_lazy),
-                                    ("verify_k5_dense_lazy_BPS6", "_VF_BPS", 6.0, ver_lazy),
-                                    ("verify_k5_dense_lazy_C4", "_VF_KERNEL", "dc_vfused_c4", ver_lazy),
-                                    ("verify_k5_dense_lazy_M2", "_VF_KERNEL", "dc_vfused_m2", ver_lazy),
-                                    ("verify_k5_dense_lazy_C4M2", "_VF_KERNEL", "dc_vfused_c4m2", ver_lazy)):
+                                    ("verify_k5_dense_lazy_VT8K", "_VF_VTCAP", 8192, ver_lazy)):
             if not hasattr(_cb, attr):
                 continue
             prev = getattr(_cb, attr)

@@ -101,14 +101,12 @@ _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 # Tiles: about _VF_BPS blocks per SM over the whole grid (one wave at the kernel's register
 # cap of 3 blocks per SM), multiples of 1024 ids, at most _VF_VTCAP (<= 32768: VF_MAXCT).
-# H200, dense q k=5, B=1/4/16/64: cap 8192 18.4 / 17.4 / 25.9 / 59.0 us, cap 32768 18.3 /
-# 17.6 / 25.8 / 68.7, 6 blocks per SM 18.4 / 24.1 / 31.7 / 62.0 (one run).
-_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "8192"))
+# H200, dense q k=5, B=1/4/16/64, 16-byte loads (one run): cap 16384 19.0 / 17.6 / 24.1 /
+# 48.3 us, cap 8192 18.8 / 17.5 / 24.1 / 50.4, cap 32768 19.0 / 17.6 / 24.1 / 57.1, 6 blocks
+# per SM 19.0 / 24.3 / 29.8 / 50.6.
+_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "16384"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 _VF_MAXV = 128 * 32768
-# A/B variants (verify_fused.cuh): dc_vfused (2 16-byte loads per thread and row in flight,
-# 3 blocks per SM), dc_vfused_c4 (4 loads), dc_vfused_m2 / dc_vfused_c4m2 (2 blocks per SM).
-_VF_KERNEL = os.environ.get("DYADIC_CUDA_VF_KERNEL", "dc_vfused")
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
 # chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
 _VF_ACAP = int(os.environ.get("DYADIC_CUDA_VF_ACAP", "2048"))
@@ -835,7 +833,7 @@ class CupyBackend:
                     scratch("vf_rchunk", 16 * batch * k1 * nch),
                     scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
                     scratch("vf_acnt", 4 * batch * k1), np.int32(_VF_ACAP),
-                    scratch("vf_cnt", 4 * batch), _kernel(_VF_KERNEL),
+                    scratch("vf_cnt", 4 * batch), _kernel("dc_vfused"),
                     np.int32(batch <= _LAZY_PRE))
             _PLANS[pk] = plan
         grid, vt, nt32, tpart, rchunk, alist, acnt, acap, cnt, kern, pre = plan

@@ -419,11 +419,9 @@ DC_FN void vf_main(VF_PARAMS) {
   }
 }
 
-/* The kernels: 16-byte loads per thread and row in flight (CU) x blocks per SM (register
- * cap).  dc_vfused is the default; the others are A/B variants (DYADIC_CUDA_VF_KERNEL). */
-#define VF_KERNEL(NAME, CU, MINB) \
-  extern "C" __global__ void __launch_bounds__(256, MINB) NAME(VF_PARAMS) { vf_main<CU>(VF_ARGS); }
-VF_KERNEL(dc_vfused, 2, 3)
-VF_KERNEL(dc_vfused_c4, 4, 3)
-VF_KERNEL(dc_vfused_m2, 2, 2)
-VF_KERNEL(dc_vfused_c4m2, 4, 2)
+/* The kernel: 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks
+ * per SM).  A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us): 4 loads in flight
+ * 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118 registers) 18.9 / 17.8 / 28.3 / 63.0,
+ * both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5 / 24.1 / 50.4 for this one (same run;
+ * all four passed the lazy GPU tests). */
+extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(VF_PARAMS) { vf_main<2>(VF_ARGS); }
