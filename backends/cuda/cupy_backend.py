@@ -797,7 +797,7 @@ class CupyBackend:
                     accepted, tokens, status):
         """verify with check="lazy" (no greedy rows): dc_vfused (verify_fused.cuh), or
         dc_vlazy2 + dc_vres2 (verify_lazy*.cuh) with DYADIC_CUDA_LAZY=2 or a larger V."""
-        batch, k1, v = (int(s) for s in target.shape)
+        batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
         k = k1 - 1
         if k > _MAX_K_VERIFY:
             raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
@@ -805,9 +805,8 @@ class CupyBackend:
         call = _Call()
         w = 0 if q_counts is None else int(q_counts.shape[-1])
         kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
-        t, d = call(target), call(draft)
-        qc, qi = call(q_counts), call(q_ids)
-        a, tk, st = call(accepted, True), call(tokens, True), call(status, True)
+        t, d, qc, qi = call.many((target, draft, q_counts, q_ids))
+        a, tk, st = call.many((accepted, tokens, status), True)
         if _LAZY_MODE == "fused" and v <= _VF_MAXV:
             self._verify_lazy_fused(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v,
                                     _device_id())
@@ -828,21 +827,20 @@ class CupyBackend:
             vt = max(1024, min(_VF_VTCAP, vt), -(-(-(-v // 128)) // 1024) * 1024)
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
             nch = (v + 63) // 64
-            plan = ((nt, batch), np.int32(vt), np.int32(nt),
-                    scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
-                    scratch("vf_rchunk", 16 * batch * k1 * nch),
-                    scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
-                    scratch("vf_acnt", 4 * batch * k1), np.int32(_VF_ACAP),
-                    scratch("vf_cnt", 4 * batch), _kernel("dc_vfused"),
-                    np.int32(batch <= _LAZY_PRE))
+            plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP], _I32[batch <= _LAZY_PRE])
+                    + _launch_plan(_kernel("dc_vfused"), (nt, batch), (256,), (
+                        scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
+                        scratch("vf_rchunk", 16 * batch * k1 * nch),
+                        scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
+                        scratch("vf_acnt", 4 * batch * k1), scratch("vf_cnt", 4 * batch))))
             _PLANS[pk] = plan
-        grid, vt, nt32, tpart, rchunk, alist, acnt, acap, cnt, kern, pre = plan
-        vec = v % 4 == 0 and int(t) % 16 == 0  # 16-byte loads (dense q: vec_q too)
-        vec_q = vec and bool(qc) and not qi and int(qc) % 16 == 0  # null pointers: 0
-        kern(grid, (256,),
-             (t, d, qc, qi, np.int32(w), np.int32(k), np.int32(v), nt32, *kptrs, np.int32(kfmt),
-              tpart, rchunk, alist, acnt, acap, a, tk, st, cnt, vt, pre, np.int32(vec),
-              np.int32(vec_q)))
+        vt, nt32, acap, pre, kern, grid, block, _, ptrs = plan
+        tpart, rchunk, alist, acnt, cnt = ptrs
+        vec = v % 4 == 0 and t % 16 == 0  # 16-byte loads (dense q: vec_q too)
+        vec_q = vec and bool(qc) and not qi and qc % 16 == 0  # null pointers: 0
+        kern.launch(grid, block, (
+            t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
+            alist, acnt, acap, a, tk, st, cnt, vt, pre, _I32[vec], _I32[vec_q]))
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
         """dc_vlazy2 (classification, candidate-row sums) + dc_vres2 (residual / bonus draw)."""

@@ -244,16 +244,17 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
   __syncthreads();
 }
 
-#define VF_PARAMS                                                                              \
-    const u32 *target, const int *draft, const u32 *qc, const int *qi, int W, int k, int V, int nt, \
-    const void *kseed, const void *kgen, const void *krnd, const void *kpos, int kfmt,            \
-    u64 *tpart, u64 *rchunk, u64 *alist, u32 *acnt, int acap, int *accepted, int *tokens,         \
-    int *status, u32 *cnt, int vt, int pre, int vec, int vec_q
-#define VF_ARGS target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk, \
-    alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q
-
-template <int CU>
-DC_FN void vf_main(VF_PARAMS) {
+/* 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks per SM).
+ * A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us, one run, all variants passing
+ * the lazy GPU tests): 4 loads in flight 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118
+ * registers) 18.9 / 17.8 / 28.3 / 63.0, both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5
+ * / 24.1 / 50.4 for this choice. */
+#define VF_CU 2
+extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
   __shared__ VfShared s;
   const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
@@ -275,7 +276,7 @@ DC_FN void vf_main(VF_PARAMS) {
     const int i = s.z.cand[j];
     const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
     const i64 row = (i64)b * k1 + i;
-    vf_tile<CU>(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
+    vf_tile<VF_CU>(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
             sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
             (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
             tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap,
@@ -418,10 +419,3 @@ DC_FN void vf_main(VF_PARAMS) {
     else tok[R] = j;
   }
 }
-
-/* The kernel: 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks
- * per SM).  A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us): 4 loads in flight
- * 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118 registers) 18.9 / 17.8 / 28.3 / 63.0,
- * both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5 / 24.1 / 50.4 for this one (same run;
- * all four passed the lazy GPU tests). */
-extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(VF_PARAMS) { vf_main<2>(VF_ARGS); }
