@@ -3,7 +3,7 @@
 #   tools/gpu_suite.sh [quick|full]     logs to $OUT/log.txt (default OUT=./gpu-out)
 # quick: build + parity tests; full: + tools/gpu_bench.py (graph replay, eager host
 # overhead, profile) + python -m dyadic.bench on the GPU backends.
-# Each stage has its own timeout (env: CUDA_T, NUMBA_T, GB_T, BENCH_T) so one
+# Each stage has its own timeout (env: CUDA_T, NUMBA_T, FUZZ_T, GB_T, HOST_T, BENCH_T) so one
 # run fits a device lease; the stage order puts the cuda parity and the graph
 # benchmark first.
 set -o pipefail
@@ -42,7 +42,8 @@ PY
   python3 -c "from dyadic.backends.cuda import cupy_backend as c; print('launch mode:', c.launch_mode())" 2>&1 | tail -2
   timeout ${CUDA_T:-240} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
       tests/test_gpu_parity.py tests/test_gpu_topk_fast.py tests/test_gpu_verify_lazy.py \
-      tests/test_gpu_dense_alloc.py tests/test_launch_pack.py tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
+      tests/test_gpu_dense_alloc.py tests/test_gpu_bench_timing.py tests/test_launch_pack.py \
+      tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
   fi
   if has cudaradix; then stamp "cuda parity, radix top-k + CuPy launch path (DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split)"
@@ -66,7 +67,7 @@ PY
   echo "fuzz exit: $?"
   fi
   if has host && [ "$MODE" = full ]; then stamp "host overhead (eager, check=False)"
-  timeout ${HOST_T:-90} python3 tools/host_overhead.py --reps 1000 --out "$OUT" 2>&1 | tail -16
+  timeout ${HOST_T:-90} python3 tools/host_overhead.py --reps ${HOST_REPS:-1000} --out "$OUT" 2>&1 | tail -16
   echo "host overhead exit: $?"
   fi
   if has bench && [ "$MODE" = full ]; then
