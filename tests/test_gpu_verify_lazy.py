@@ -263,6 +263,55 @@ def test_lz_classify_c_equals_model(tmp_path):
         assert names[int(o)] == lazy_class(p, c, k, pos), (p, c, k, pos)
 
 
+# dc_vfused's per-id rule (verify_fused.cuh, vf_elem): whether R_v > 0, i.e.
+# P * 2^24 > c * T, is the same for every valid row total T, decided with two shifts.
+THI24, TLO24 = (1 << 38) + (1 << 28), (1 << 38) - (1 << 28)
+SEL, NOT, UND = "selected", "not selected", "undecided"
+
+
+def fused_class(p_fixed, count):
+    """vf_elem's decision: SEL / NOT when R_v > 0 is the same for every T in
+    [T_LO, T_HI], else UND (also every count >= 2^25, an invalid count)."""
+    if count >= 1 << 25:
+        return UND
+    hi, lo = p_fixed > count * THI24, p_fixed > count * TLO24
+    return SEL if hi else (NOT if not lo else UND)
+
+
+def test_fused_thresholds_are_the_band_ends():
+    assert THI24 << _spec.TOTAL_BITS == T_HI and TLO24 << _spec.TOTAL_BITS == T_LO
+    assert (((1 << 25) - 1) * THI24) < 1 << 64  # no overflow in the kernel's u64 product
+
+
+def test_fused_class_sound():
+    """Whenever vf_elem decides, the exact selection agrees for every valid T tried
+    (both band ends, 2^62, random T); undecided ids are decided both ways somewhere."""
+    rng = np.random.default_rng(23)
+    cases = []
+    for _ in range(4000):
+        c = int(rng.choice([0, 1, 2, 3, int(rng.integers(1, 1 << 24)), 1 << 24,
+                            (1 << 25) - 1, 1 << 25, int(rng.integers(1 << 25, 1 << 32))]))
+        base = c * (1 << 38)
+        p = int(rng.choice([0, 1, base, base + c * (1 << 28), base - c * (1 << 28),
+                            base + c * (1 << 28) + 1, base - c * (1 << 28) + 1,
+                            int(rng.integers(0, ONE + 1)), min(ONE, base + int(rng.integers(-c * (1 << 29) - 1, c * (1 << 29) + 2)))]))
+        cases.append((max(0, min(ONE, p)), c))
+    undecided_seen = 0
+    for p, c in cases:
+        cls = fused_class(p, c)
+        ts = [T_LO, T_HI, ONE] + [int(t) for t in rng.integers(T_LO, T_HI + 1, size=4)]
+        sel = {p << _spec.TOTAL_BITS > c * t for t in ts}
+        if cls == SEL:
+            assert sel == {True}, (p, c)
+        elif cls == NOT:
+            assert sel == {False}, (p, c)
+        else:
+            undecided_seen += 1
+            if c < 1 << 25:  # a genuine band case: the band ends decide differently
+                assert (p << _spec.TOTAL_BITS > c * T_LO) and not (p << _spec.TOTAL_BITS > c * T_HI)
+    assert undecided_seen > 100
+
+
 # ------------------------------------------------------------------ GPU side
 @pytest.fixture(scope="module")
 def _cuda_dev():
