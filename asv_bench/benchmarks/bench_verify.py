@@ -1,4 +1,6 @@
-"""verify: chain verification, k = 5, dense fp32 target, dense and top-32 q."""
+"""verify: chain verification, k = 5, dense fp32 target, dense and top-32 q; check=True
+(every rule, the default) and check="lazy" (rows read and validated only where a decision
+needs them: one launch on the cuda backend; full validation on the others)."""
 
 from .common import DEPTH, Backends, keys, require_backend, sync, verify_inputs, device_class
 
@@ -18,12 +20,20 @@ class Verify(Backends):
     def run_sparse(self):
         return self.dyadic.verify(self.ps, self.drafts, self.qs, self.keys, backend=self.backend)
 
+    def run_lazy(self):
+        return self.dyadic.verify(self.p, self.draft, self.q, self.keys, backend=self.backend,
+                                  check="lazy")
+
     def time_dense_q(self, backend, vocab, batch):
         self.run()
         sync(backend)
 
     def time_sparse_q(self, backend, vocab, batch):
         self.run_sparse()
+        sync(backend)
+
+    def time_dense_q_lazy(self, backend, vocab, batch):
+        self.run_lazy()
         sync(backend)
 
     def peakmem_dense_q(self, backend, vocab, batch):
