@@ -38,7 +38,12 @@ Launch structure:
   the total, finds the tile by a prefix over the tile sums and the
   first-exceeding id inside that tile.  DYADIC_CUDA_VERIFY=split runs the
   same work as four launches.
-- verify_lazy (check="lazy", no greedy rows), two launches: (1) dc_vlazy2,
+- verify_lazy (check="lazy", no greedy rows), one launch by default: dc_vfused
+  (verify_fused.cuh) classifies as (1) below, then sums the candidate rows'
+  totals and their residual chunk sums in ONE pass (whether R_v > 0 is the
+  same for every valid T except for a few ids, listed and added with the
+  exact T by the last block), walks the chain and draws as (2) below.
+  DYADIC_CUDA_LAZY=2 (and vocabularies above _VF_MAXV): two launches: (1) dc_vlazy2,
   grid (tiles, B): every block classifies the k acceptance tests of its
   request for every valid row total T (|T - 2^62| <= 2^52) at once:
   accepted for all, rejected for all, or ambiguous (reading only P(d_i) and
@@ -96,8 +101,10 @@ _LAZY_VT = int(os.environ.get("DYADIC_CUDA_LAZY_VT", "16384"))
 _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 # DYADIC_CUDA_LAZY=fused (default): dc_vfused, one launch (verify_fused.cuh: the residual
 # row's total and its chunk sums in one pass, the selection decided for every valid total,
-# ambiguous 64-id chunks summed again exactly by the last block); =2: dc_vlazy2 + dc_vres2.
-# The fused kernel takes vocabularies up to _VF_MAXV (<= 128 tiles of <= 8192 ids).
+# undecided ids listed and added with the exact total by the last block); =2: dc_vlazy2 +
+# dc_vres2.  The fused kernel takes vocabularies up to _VF_MAXV (<= 128 tiles of <= 32768 ids).
+# H200, k=5 dense q, device time B=1/4/16/64: 19.0 / 17.6 / 24.1 / 48.3 us against 17.9 /
+# 25.0 / 27.7 / 59.8 for the two launches (docs/benchmarks.md, third session).
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 # Tiles: about _VF_BPS blocks per SM over the whole grid (one wave at the kernel's register
 # cap of 3 blocks per SM), multiples of 1024 ids, at most _VF_VTCAP (<= 32768: VF_MAXCT).
