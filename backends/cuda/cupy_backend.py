@@ -270,9 +270,9 @@ def _num_sms():
     return n
 
 
-def _tile_for(v, rows, nsm, cap):
-    """Tile length (a multiple of 1024, at most cap) giving >= ~4 blocks per SM."""
-    want = max(1, -(-4 * nsm // max(rows, 1)))
+def _tile_for(v, rows, nsm, cap, per_sm=4):
+    """Tile length (a multiple of 1024, at most cap) giving >= ~per_sm blocks per SM."""
+    want = max(1, int(-(-per_sm * nsm // max(rows, 1))))
     t = -(-v // want)
     t = -(-t // 1024) * 1024
     return max(1024, min(cap, t))
@@ -829,9 +829,8 @@ class CupyBackend:
         pk = ("verify_lazy_fused", dev, batch, k1, v)
         plan = _PLANS.get(pk)
         if plan is None:
-            want = max(1, int(-(-_VF_BPS * _num_sms() // batch)))  # tiles per row
-            vt = -(-(-(-v // want)) // 1024) * 1024
-            vt = max(1024, min(_VF_VTCAP, vt), -(-(-(-v // 128)) // 1024) * 1024)
+            vt = max(_tile_for(v, batch, _num_sms(), _VF_VTCAP, _VF_BPS),
+                     -(-v // (128 * 1024)) * 1024)  # at most 128 tiles
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
             nch = (v + 63) // 64
             plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP], _I32[batch <= _LAZY_PRE])
