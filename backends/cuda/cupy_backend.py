@@ -479,6 +479,21 @@ def _x_code(x):
     return np.int32(_DT_CODES[name])
 
 
+def _verify_setup(target, q_counts, seed, generation, round, position, ins, outs):
+    """What both verify paths start with: (batch, k, V, q width, the _Call, key pointers,
+    key format, the pointers of ``ins``, the pointers of ``outs``); drafts deeper than the
+    kernels take are refused here."""
+    batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
+    k = k1 - 1
+    if k > _MAX_K_VERIFY:
+        raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
+                         f"tokens per request, got k={k}")
+    call = _Call()
+    w = 0 if q_counts is None else int(q_counts.shape[-1])
+    kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
+    return batch, k, v, w, call, kptrs, kfmt, call.many(ins), call.many(outs, True)
+
+
 class CupyBackend:
     name = "cuda"
     #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
@@ -720,17 +735,11 @@ class CupyBackend:
     # --------------------------------------------------------------- verify
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
-        batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
-        k = k1 - 1
-        if k > _MAX_K_VERIFY:
-            raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
-                             f"tokens per request, got k={k}")
-        call = _Call()
-        w = 0 if q_counts is None else int(q_counts.shape[-1])
+        batch, k, v, w, call, kptrs, kfmt, (t, d, qc, qi, g), (a, tk, st) = _verify_setup(
+            target, q_counts, seed, generation, round, position,
+            (target, draft, q_counts, q_ids, greedy), (accepted, tokens, status))
+        k1 = k + 1
         rows = batch * k1
-        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
-        t, d, qc, qi, g = call.many((target, draft, q_counts, q_ids, greedy))
-        a, tk, st = call.many((accepted, tokens, status), True)
         v32, w32, k32 = _I32[v], _I32[w], _I32[k]
         if _VERIFY_MODE not in ("split", "old"):
             # bandwidth path: runtime tiles (>= ~4 blocks per SM), 16-byte loads, one
@@ -804,16 +813,9 @@ class CupyBackend:
                     accepted, tokens, status):
         """verify with check="lazy" (no greedy rows): dc_vfused (verify_fused.cuh), or
         dc_vlazy2 + dc_vres2 (verify_lazy*.cuh) with DYADIC_CUDA_LAZY=2 or a larger V."""
-        batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
-        k = k1 - 1
-        if k > _MAX_K_VERIFY:
-            raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
-                             f"tokens per request, got k={k}")
-        call = _Call()
-        w = 0 if q_counts is None else int(q_counts.shape[-1])
-        kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
-        t, d, qc, qi = call.many((target, draft, q_counts, q_ids))
-        a, tk, st = call.many((accepted, tokens, status), True)
+        batch, k, v, w, call, kptrs, kfmt, (t, d, qc, qi), (a, tk, st) = _verify_setup(
+            target, q_counts, seed, generation, round, position,
+            (target, draft, q_counts, q_ids), (accepted, tokens, status))
         if _LAZY_MODE == "fused" and v <= _VF_MAXV:
             self._verify_lazy_fused(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v,
                                     _device_id())
