@@ -59,6 +59,11 @@ def softmax_rows(z):
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
+def random_target(rng, b, k1, v):
+    """Target rows p = softmax(3 z), z standard normal: float32 [b, k1, v]."""
+    return softmax_rows(rng.standard_normal((b, k1, v)) * 3)
+
+
 @pytest.fixture
 def make_target():
     return softmax_rows

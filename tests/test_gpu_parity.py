@@ -11,7 +11,7 @@ import dyadic
 from dyadic import _backend
 from dyadic.bench.timing import capture_graph
 
-from conftest import _load
+from conftest import _load, random_target as _target
 
 pytestmark = pytest.mark.gpu
 
@@ -115,13 +115,6 @@ def test_half_inputs(cuda, dtype):
         t2, q2 = dyadic.propose(x, keys, top_k=top_k, backend="cpu" if _load("cpu")[0] else "reference")
         _eq(t1, t2)
         _same_dyadic(q1, q2)
-
-
-def _target(rng, b, k1, v):
-    z = rng.standard_normal((b, k1, v)) * 3
-    p = np.exp(z - z.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return p.astype(np.float32)
 
 
 @pytest.mark.parametrize("v", VS)

@@ -22,7 +22,7 @@ from dyadic import _spec, _status
 from dyadic.bench.timing import capture_graph
 from dyadic.reference import fixedpoint, philox, sampling
 
-from conftest import _load
+from conftest import _load, random_target as _target
 
 ONE = 1 << _spec.TARGET_BITS
 TOL = ONE >> _spec.TARGET_TOL_BITS
@@ -337,13 +337,6 @@ def _eq(a, b):
 
 def _np(t):
     return t.cpu().numpy() if hasattr(t, "cpu") else np.asarray(t)
-
-
-def _target(rng, b, k1, v):
-    z = rng.standard_normal((b, k1, v)) * 3
-    p = np.exp(z - z.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return p.astype(np.float32)
 
 
 def _fixed(row):
