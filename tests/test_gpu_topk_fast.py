@@ -8,6 +8,8 @@ outside the coarse-key range (exact keys), bias (exact keys), probabilities,
 half-precision inputs, both policies, failing rows.  Skips without a GPU.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -28,9 +30,14 @@ def cuda():
     return "cuda"
 
 
-@pytest.fixture(scope="module", params=["1", "2"], autouse=True)
+# DYADIC_TEST_PK_MODES=3,4 narrows the run (a GPU lease is short); default: all four
+PK_MODES = os.environ.get("DYADIC_TEST_PK_MODES", "1,2,3,4").split(",")
+
+
+@pytest.fixture(scope="module", params=PK_MODES, autouse=True)
 def pk_mode(request):
-    """Every case for both fast kernels: pk_topk ("1") and pk_topk2 ("2")."""
+    """Every case for every fast kernel: pk_topk ("1"), pk_topk2 ("2"), pk_topk3 ("3")
+    and pk_topk3h ("4"; both wide-tile kernels only run without bias, else pk_topk2)."""
     from dyadic.backends.cuda import cupy_backend as cb
     prev = cb._PK_MODE
     cb._PK_MODE = request.param
@@ -175,13 +182,16 @@ def test_propose_fast_bad_rows_fail_closed(cuda):
     np.testing.assert_array_equal(out["counts"].cpu().numpy()[good], np.asarray(q2.counts))
 
 
-@pytest.mark.parametrize("chunk", [1024, 2048, 4096])
+@pytest.mark.parametrize("chunk", [1024, 2048, 4096, 8192, 12000])
 @pytest.mark.parametrize("kind", ["random", "fewvals", "equal", "tail_spike"])
 def test_propose_fast_tiles(cuda, chunk, kind, monkeypatch):
     """Every tile length: ties that overflow the survivor buffer hit the exact
-    fallback at 4096 ids per tile, the rank counting at 1024."""
+    fallback at 4096 ids per tile, the rank counting at 1024 (pk_topk3 takes
+    tiles up to 16384 ids; 12000 is not a power of two; pk_topk / pk_topk2 clamp
+    their tile to 4096)."""
     from dyadic.backends.cuda import cupy_backend as cb
     monkeypatch.setattr(cb, "_PK_CHUNK", chunk)
+    monkeypatch.setattr(cb, "_PK3_CHUNK", chunk)
     monkeypatch.setattr(cb, "_PLANS", {})
     rng = np.random.default_rng(chunk)
     b, v = 3, 129280
@@ -192,3 +202,24 @@ def test_propose_fast_tiles(cuda, chunk, kind, monkeypatch):
         t2, q2 = dyadic.propose(x, keys, temperature=0.8, top_k=32, policy=policy, backend="cpu")
         np.testing.assert_array_equal(np.asarray(t1), np.asarray(t2))
         _same(q1, q2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("v", [4099, 129280])
+def test_propose_fast_unaligned_rows(cuda, dtype, v):
+    """Rows that are not 16-byte aligned (a pointer one element past an aligned one,
+    or V not a multiple of 8) take the scalar loads of pk_topk3: the same results."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(v)
+    b = 3
+    x = torch.from_numpy(_rows(rng, "random", b, v)).to(getattr(torch, dtype))
+    flat = torch.empty(b * v + 1, dtype=x.dtype, device="cuda")
+    xs = flat[1:].view(b, v)
+    xs.copy_(x.cuda())
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=rng.integers(0, 2**31, size=b))
+    t2, q2 = dyadic.propose(x.float().numpy(), keys, temperature=0.7, top_k=32, backend="cpu")
+    for xd in (xs, x.cuda()):
+        t1, q1 = dyadic.propose(xd, keys, temperature=0.7, top_k=32, backend=cuda)
+        np.testing.assert_array_equal(t1.cpu().numpy(), np.asarray(t2))
+        np.testing.assert_array_equal(q1.counts.cpu().numpy(), np.asarray(q2.counts))
+        np.testing.assert_array_equal(q1.ids.cpu().numpy(), np.asarray(q2.ids))

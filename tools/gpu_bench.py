@@ -126,21 +126,27 @@ def main():
             put(r, name, fn)
         # A/B in the same run: the previous paths of each primitive (module switches)
         from dyadic.backends.cuda import cupy_backend as _cb
-        for name, attr, val, fn in (("allocate_dense_f32_MB", "_DENSE_MODE", "mb", alloc),
-                                    ("propose_top32_bf16_PK1", "_PK_MODE", "1", prop),
-                                    ("propose_top32_bf16_DC_TOPK", "_PK_MODE", "0", prop),
-                                    ("verify_k5_dense_lazy_V2", "_LAZY_MODE", "2", ver_lazy),
-                                    ("verify_k5_top32_lazy_V2", "_LAZY_MODE", "2", ver_sp_lazy),
-                                    ("verify_k5_dense_lazy_VT8K", "_VF_VTCAP", 8192, ver_lazy)):
-            if not hasattr(_cb, attr):
+        for name, sets, fn in (("allocate_dense_f32_MB", {"_DENSE_MODE": "mb"}, alloc),
+                               ("propose_top32_bf16_PK2", {"_PK_MODE": "2"}, prop),
+                               ("propose_top32_bf16_PK3", {"_PK_MODE": "3"}, prop),
+                               ("propose_top32_bf16_PK3_C8K", {"_PK_MODE": "3", "_PK3_CHUNK": 8192}, prop),
+                               ("propose_top32_bf16_PK3_C4K", {"_PK_MODE": "3", "_PK3_CHUNK": 4096}, prop),
+                               ("propose_top32_bf16_PK4", {"_PK_MODE": "4"}, prop),
+                               ("propose_top32_bf16_PK4_C4K", {"_PK_MODE": "4", "_PK3_CHUNK": 4096}, prop),
+                               ("verify_k5_dense_lazy_V2", {"_LAZY_MODE": "2"}, ver_lazy),
+                               ("verify_k5_dense_lazy_OLDT", {"_VF_VTCAP": 16384, "_VF_FIT": False}, ver_lazy),
+                               ("verify_k5_top32_lazy_OLDT", {"_VF_VTCAP": 16384, "_VF_FIT": False}, ver_sp_lazy)):
+            if not all(hasattr(_cb, attr) for attr in sets):
                 continue
-            prev = getattr(_cb, attr)
-            setattr(_cb, attr, val)
+            prev = {attr: getattr(_cb, attr) for attr in sets}
+            for attr, val in sets.items():
+                setattr(_cb, attr, val)
             _cb._PLANS.clear()
             try:
                 put(r, name, fn)
             finally:
-                setattr(_cb, attr, prev)
+                for attr, val in prev.items():
+                    setattr(_cb, attr, val)
                 _cb._PLANS.clear()
         r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)

@@ -67,6 +67,18 @@ DC_FN u32 pk_fkey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* The row's RNG key fields (do_draw; warp 0 only: the tail's warp), issued
+ * before the last block's merge so that the loads overlap it. */
+DC_FN DcKey pk_key(int do_draw, const void* kseed, const void* kgen, const void* krnd,
+                   const void* kpos, int kfmt, int row) {
+  DcKey kk; kk.seed = 0; kk.gen = kk.rnd = kk.pos = 0;
+  if (do_draw && threadIdx.x < 32) kk = load_key(kseed, kgen, krnd, kpos, kfmt, row);
+  return kk;
+}
+
+/* The float whose pk_fkey is k (-0.0 comes back as +0.0: the same exact key). */
+DC_FN float pk_fval(u32 k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
+
 /* L1 prefetch of the exponential table (4 x 256 u64, 64 lines of 128 B) that
  * the tail's weights read, issued as the last block starts so its latency
  * overlaps the merge. */
@@ -124,16 +136,17 @@ DC_FN u64 pk_bound(u64 v, int kk, PkShared& ps) {
  * exact(q) (equal iff equal); id(q) its id.  Ids increase with the index i
  * among equal keys.  at(i) / coarse_at(i) / id_at(i): exact key, coarse key
  * and id by index, used only by the fallback (more than PK_SMAX survivors). */
-template <class E, class I, class EA, class CA, class IA, class OUT, class OUTD>
-DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
-                    int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
-                    int direct_cap, OUTD out_direct) {
+template <int EPT, class KT, class IX, class E, class I, class EA, class CA, class IA, class OUT,
+          class OUTD>
+DC_FN int pk_select_map(const KT (&c)[EPT], IX ix, E exact, I id, EA at, CA coarse_at, IA id_at,
+                        int n, int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
+                        int direct_cap, OUTD out_direct) {
   const int tid = threadIdx.x;
   /* the thread's largest coarse key (first index) and its second largest */
   u64 m1 = 0, m2 = 0; bool any = false;
 #pragma unroll
-  for (int q = 0; q < PK_EPT; ++q) {
-    const bool in = q * PK_NT + tid < n;
+  for (int q = 0; q < EPT; ++q) {
+    const bool in = ix(q) < n;
     const u64 v = in ? c[q] : 0;
     any |= in;
     if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) m2 = v;
@@ -148,7 +161,7 @@ DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, 
   if (any && m1 >= t) {
     if (m2 >= t) {
 #pragma unroll
-      for (int q = 0; q < PK_EPT; ++q) cnt += q * PK_NT + tid < n && c[q] >= t;
+      for (int q = 0; q < EPT; ++q) cnt += ix(q) < n && c[q] >= t;
     } else {
       cnt = 1;
     }
@@ -158,8 +171,8 @@ DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, 
     /* pk_topk2: the survivors unranked (slot order = thread order) */
     if (cnt) {
 #pragma unroll
-      for (int q = 0; q < PK_EPT; ++q)
-        if (q * PK_NT + tid < n && c[q] >= t) out_direct(pos++, c[q], id(q));
+      for (int q = 0; q < EPT; ++q)
+        if (ix(q) < n && c[q] >= t) out_direct(pos++, c[q], id(q));
     }
     return S;
   }
@@ -167,8 +180,8 @@ DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, 
     /* (m2 < t: exactly the maximum's element has coarse >= t) */
     if (cnt) {
 #pragma unroll
-      for (int q = 0; q < PK_EPT; ++q)
-        if (q * PK_NT + tid < n && c[q] >= t) { ps.sk[pos] = exact(q); ps.sc[pos] = c[q]; ps.si[pos] = id(q); ++pos; }
+      for (int q = 0; q < EPT; ++q)
+        if (ix(q) < n && c[q] >= t) { ps.sk[pos] = exact(q); ps.sc[pos] = c[q]; ps.si[pos] = id(q); ++pos; }
     }
   } else {
     DcSel s = block_select(at, n, kk, sh, etop);
@@ -196,6 +209,15 @@ DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, 
   }
   __syncthreads();
   return -1;
+}
+
+/* pk_select over PK_EPT keys per thread at index q * PK_NT + tid (pk_topk, pk_topk2) */
+template <class E, class I, class EA, class CA, class IA, class OUT, class OUTD>
+DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
+                    int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
+                    int direct_cap, OUTD out_direct) {
+  return pk_select_map(c, [](int q) { return q * PK_NT + (int)threadIdx.x; }, exact, id, at,
+                       coarse_at, id_at, n, K, etop, out, ps, sh, pk_prof, direct_cap, out_direct);
 }
 
 /* The tile's elements i = q * PK_NT + tid < n (ids lo + i): one batch of
@@ -235,10 +257,10 @@ DC_FN u64 pk_load_keys(const void* x, int xdt, i64 xoff, int lo, int n, bool fas
 /* The tail, one warp: lane j < K holds the support entry of rank j (exact key
  * desc, id asc) as (key, id); lanes >= K hold (0, 0x7FFFFFFF).  Weights,
  * floor, largest remainders (ties: lowest id) or floor-first, the nonzero
- * entries in id order, the draw: the integer arithmetic of dc_topk. */
+ * entries in id order, the draw: the integer arithmetic of dc_topk.  kk: the
+ * row's RNG key (pk_key: loaded before the merge, so its latency overlaps it). */
 DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int policy,
-                   int do_draw, const void* kseed, const void* kgen, const void* krnd,
-                   const void* kpos, int kfmt, int* tokens, u32* counts, int* ids, int* status) {
+                   int do_draw, const DcKey& kk, int* tokens, u32* counts, int* ids, int* status) {
   const int lane = threadIdx.x & 31;
   const bool act = lane < K;
   const u64 mk = __shfl_sync(0xffffffffu, key, 0);
@@ -297,7 +319,6 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
   for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
   if (do_draw) {
-    const DcKey kk = load_key(kseed, kgen, krnd, kpos, kfmt, row);
     const u32 x0 = key_ticket(kk);
     /* the first entry in id order whose running count exceeds x0 */
     const int hit = nzj && cum > (u64)x0 ? pos : 0x7FFFFFFF;
@@ -373,6 +394,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
   pk_prof = row == 0 ? 16 : -1;
   PK_STAMP(0);
   pk_prefetch_exp_table();
+  const DcKey kk = pk_key(do_draw, kseed, kgen, krnd, kpos, kfmt, row);
 
   /* ---- last block of the row ---- */
   const int W = K;
@@ -407,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
   if (tid >= 32) return;
   /* ---- warp 0: lane j holds the support entry of rank j (j < K) ---- */
   pk_tail(row, K, tid < K ? ok[tid] : 0, tid < K ? oi[tid] : 0x7FFFFFFF, logits, greedy, policy,
-          do_draw, kseed, kgen, krnd, kpos, kfmt, tokens, counts, ids, status);
+          do_draw, kk, tokens, counts, ids, status);
   PK_STAMP(6);
 }
 
@@ -426,6 +448,66 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
  * Candidate slots: [B][R][PK_CAP], padding (0, -1); R * PK_CAP <= PK_NT * PK_EPT. */
 #define PK_CAP 128
 
+/* The last block of a row of pk_topk2 / pk_topk3 (the slot layout above): the
+ * tiles' first bad element, the merge of the R * PK_CAP slots (loaded before the
+ * bad-element reduction, so both reads are in flight together), then warp 0
+ * forms the exact keys of the K winners (fast rows: from the float the coarse
+ * key encodes, pk_fval; no reload of x) and runs the tail. */
+DC_FN void pk2_last(
+    int row, int R, int K, bool fast, bool narrow, bool greedy, int logits, double T, int policy,
+    int do_draw, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
+    int* ids, int* status, PkShared& ps, DcShared& sh) {
+  __shared__ u64 ok[PK_KMAX];
+  __shared__ int oi[PK_KMAX];
+  const int tid = threadIdx.x;
+  int pk_prof = row == 0 ? 16 : -1;
+  PK_STAMP(0);
+  pk_prefetch_exp_table();
+  const DcKey kk = pk_key(do_draw, kseed, kgen, krnd, kpos, kfmt, row);
+  const int N = R * PK_CAP;  /* <= PK_NT * PK_EPT (host) */
+  const u64* rk = cand_key + (i64)row * N;
+  const int* ri = cand_id + (i64)row * N;
+  /* narrow rows: composite keys (coarse << 32 | ~id), unique; padding (0, -1) -> 0.
+   * 64-bit rows: slots in id order among equal keys (pk_topk2: rank order per
+   * tile; pk_topk3: id order per tile; tiles in id order): the fallback's tie rule. */
+  auto comp = [&](u64 k, int id) -> u64 { return narrow ? (k << 32) | (u64)(~(u32)id) : k; };
+  u64 c[PK_EPT]; int idv[PK_EPT];
+#pragma unroll
+  for (int q = 0; q < PK_EPT; ++q) {
+    const int i = q * PK_NT + tid;
+    const bool in = i < N;
+    const int id = in ? __ldcg(&ri[i]) : -1;
+    c[q] = in ? comp(__ldcg(&rk[i]), id) : 0;
+    idv[q] = id;
+  }
+  u64 b = NONE_BAD;
+  for (int t = tid; t < R; t += PK_NT) { u64 w = __ldcg(&blk_bad[(i64)row * R + t]); b = w < b ? w : b; }
+  b = block_reduce64(b, 2, sh);
+  if (b != NONE_BAD) { fail_sparse(row, K, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
+  {
+    auto key = [&](int q) -> u64 { return c[q]; };
+    auto idf = [&](int q) { return idv[q]; };
+    auto at = [&](int i) -> u64 { return comp(__ldcg(&rk[i]), __ldcg(&ri[i])); };
+    auto id_at = [&](int i) { return __ldcg(&ri[i]); };
+    auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
+    pk_select(c, key, idf, at, at, id_at, N, K, 56, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
+  }
+  PK_STAMP(5);
+  if (tid >= 32) return;
+  /* ---- warp 0: exact keys of the K winners, then the tail ---- */
+  const bool act = tid < K;
+  const int id = act ? oi[tid] : 0x7FFFFFFF;
+  u64 key = 0;
+  if (act) {
+    int bad;
+    if (fast) key = rank_key(pk_fval((u32)(ok[tid] >> 32)), 0, 0, 0, T, logits, &bad);
+    else key = narrow ? ok[tid] >> 32 : ok[tid];
+  }
+  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status);
+  PK_STAMP(6);
+}
+
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
@@ -434,8 +516,6 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
     int* tokens, u32* counts, int* ids, int* status) {
   __shared__ DcShared sh;
   __shared__ PkShared ps;
-  __shared__ u64 ok[PK_KMAX];
-  __shared__ int oi[PK_KMAX];
   const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
   int pk_prof = row == 0 && r == 0 ? 0 : -1;
   PK_STAMP(0);
@@ -485,53 +565,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
   if (!ps.is_last) return;
   __threadfence();
   if (tid == 0) counters[row] = 0;
-  pk_prof = row == 0 ? 16 : -1;
-  PK_STAMP(0);
-  pk_prefetch_exp_table();
-
-  /* ---- last block of the row ---- */
-  const int W = K;
-  u64 b = NONE_BAD;
-  for (int t = tid; t < R; t += PK_NT) { u64 w = __ldcg(&blk_bad[(i64)row * R + t]); b = w < b ? w : b; }
-  b = block_reduce64(b, 2, sh);
-  if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
-  {
-    const int N = R * PK_CAP;  /* <= PK_NT * PK_EPT (host) */
-    const u64* rk = cand_key + (i64)row * N;
-    const int* ri = cand_id + (i64)row * N;
-    /* narrow rows: composite keys (coarse << 32 | ~id), unique; padding (0, -1) -> 0.
-     * 64-bit rows: slots in rank order per tile, tiles in id order, so index order
-     * is id order among equal keys (the fallback's tie rule). */
-    auto comp = [&](u64 k, int id) -> u64 { return narrow ? (k << 32) | (u64)(~(u32)id) : k; };
-    u64 c[PK_EPT]; int idv[PK_EPT];
-#pragma unroll
-    for (int q = 0; q < PK_EPT; ++q) {
-      const int i = q * PK_NT + tid;
-      const bool in = i < N;
-      const int id = in ? __ldcg(&ri[i]) : -1;
-      c[q] = in ? comp(__ldcg(&rk[i]), id) : 0;
-      idv[q] = id;
-    }
-    auto key = [&](int q) -> u64 { return c[q]; };
-    auto idf = [&](int q) { return idv[q]; };
-    auto at = [&](int i) -> u64 { return comp(__ldcg(&rk[i]), __ldcg(&ri[i])); };
-    auto id_at = [&](int i) { return __ldcg(&ri[i]); };
-    auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
-    pk_select(c, key, idf, at, at, id_at, N, K, 56, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
-  }
-  PK_STAMP(5);
-  if (tid >= 32) return;
-  /* ---- warp 0: exact keys of the K winners, then the tail ---- */
-  const bool act = tid < K;
-  const int id = act ? oi[tid] : 0x7FFFFFFF;
-  u64 key = 0;
-  if (act) {
-    if (fast) key = exact_x(load_f(x, xdt, xoff + id), 0);
-    else key = narrow ? ok[tid] >> 32 : ok[tid];
-  }
-  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kseed, kgen, krnd, kpos, kfmt, tokens,
-          counts, ids, status);
-  PK_STAMP(6);
+  pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
+           kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
 
 #endif

@@ -1,0 +1,182 @@
+/* pk_topk3: top-k allocate / propose for K <= 32 with wide tiles (included by
+ * dyadic_kernels.cu after propose_fast.cuh; uses pk_select_map, pk2_last).
+ *
+ * The layout and the last block are pk_topk2's (grid (R, B), PK_NT threads,
+ * R * PK_CAP candidate slots per row, the last block of a row found by an
+ * atomic counter merges them and runs the tail).  The tile phase differs:
+ *  - a tile holds up to PK_NT * EPT ids (pk_topk3: EPT = 32, 16384 ids;
+ *    pk_topk3h: 16, 8192; pk_topk2: 4096), so a row
+ *    has 4x fewer blocks, each with the same chain of barriers: at B = 64 the
+ *    per-block chain, not the bytes, set pk_topk2's time (about 8 waves of
+ *    blocks at V = 129280), and the merge reads R * PK_CAP slots;
+ *  - element q of a thread is index pw_ix(q) = ((q / 8) * PK_NT + tid) * 8 +
+ *    q % 8 of the tile: groups of 8 consecutive ids, one 16-byte load per
+ *    group for 16-bit inputs (two for float32) when the row is 16-byte
+ *    aligned (vec), else 8 scalar loads;
+ *  - coarse keys are u32 (narrow rows: logits without bias with 2**-700 <= T
+ *    <= 2**800, where the float order key of x ranks as the exact key, or
+ *    probabilities, key mag + 1), EPT registers per thread.
+ * The host launches it only without bias (or for probabilities), so every row
+ * is narrow unless its temperature lies outside that range; such a row takes
+ * the exact radix select of dyadic_cuda.cuh over its tile (keys from x again)
+ * and writes its K best in id order: slower, the same result.
+ * Exactness: the selection over a tile is pk_select_map's (the K best by
+ * (key desc, id asc), or all survivors coarse >= t unranked when they fit
+ * PK_CAP; the element map only says which register holds which id), and the
+ * merge / tail are pk2_last's, so the output equals dc_topk's bit for bit. */
+#ifndef DYADIC_PROPOSE_WIDE_CUH
+#define DYADIC_PROPOSE_WIDE_CUH
+
+DC_FN int pw_ix(int q) { return ((q >> 3) * PK_NT + (int)threadIdx.x) * 8 + (q & 7); }
+
+/* float bits of a 16-bit element (dt 1: float16, exact conversion; 2: bfloat16) */
+DC_FN u32 pw_bits16(u32 h, int dt) {
+  if (dt == 2) return h << 16;
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h)); return __float_as_uint(f);
+}
+
+/* The float bits of the 8 elements [i0, i0 + 8) of the row at x + off (i0 + 8 <= n
+ * when vec; else each element i0 + j < n is loaded alone, the others are 0). */
+DC_FN void pw_load8(const void* x, int xdt, i64 off, int i0, int n, bool vec, u32 (&b)[8]) {
+  if (vec && i0 + 8 <= n) {
+    if (xdt == 0) {
+      const uint4* p = (const uint4*)((const u32*)x + off + i0);
+      const uint4 u = __ldg(p), w = __ldg(p + 1);
+      b[0] = u.x; b[1] = u.y; b[2] = u.z; b[3] = u.w; b[4] = w.x; b[5] = w.y; b[6] = w.z; b[7] = w.w;
+    } else {
+      const uint4 u = __ldg((const uint4*)((const u16*)x + off + i0));
+      const u32 h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) { b[2 * j] = pw_bits16(h[j] & 0xFFFFu, xdt); b[2 * j + 1] = pw_bits16(h[j] >> 16, xdt); }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b[j] = i0 + j < n ? __float_as_uint(load_f(x, xdt, off + i0 + j)) : 0u;
+  }
+}
+
+/* Narrow coarse key and status of one element: fast logits (float order key;
+ * NaN / +inf by bits) or probabilities (mag + 1, dy_weight_bits_status). */
+DC_FN u32 pw_key(u32 b, int logits, int* bad) {
+  if (logits) {
+    *bad = (b & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (b == 0x7F800000u ? DY_ST_X_POSINF : 0);
+    return pk_fkey(__uint_as_float(b));
+  }
+  *bad = dy_weight_bits_status(b);
+  return (b & 0x7FFFFFFFu) + 1u;
+}
+
+/* The kernel body, EPT ids per thread (a multiple of 8; the tile is <= PK_NT * EPT). */
+template <int EPT>
+DC_FN void pw_topk(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status, int vec) {
+  __shared__ DcShared sh;
+  __shared__ PkShared ps;
+  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  int pk_prof = row == 0 && r == 0 ? 0 : -1;
+  PK_STAMP(0);
+  const i64 xoff = (i64)row * V;
+  const int lo = r * chunk, n = min(V, lo + chunk) - lo;
+  /* the tile's loads first: in flight while the row's temperature is read */
+  u32 c[EPT];
+#pragma unroll
+  for (int g = 0; g < EPT / 8; ++g) {
+    u32 b[8];
+    pw_load8(x, xdt, xoff + lo, pw_ix(8 * g), n, vec != 0, b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[8 * g + j] = b[j];
+  }
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 boff = bias_rows > 1 ? xoff : 0;
+  const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;  /* see pk_topk */
+  const bool narrow = fast || !logits;
+  if (tid == 0) ps.bad = NONE_BAD;
+  u64* ck = cand_key + ((i64)row * R + r) * PK_CAP;
+  int* ci = cand_id + ((i64)row * R + r) * PK_CAP;
+  u64 mybad = NONE_BAD;
+  int used;
+  if (narrow) {
+#pragma unroll
+    for (int q = 0; q < EPT; ++q) {  /* float bits -> coarse keys, in place */
+      const int i = pw_ix(q);
+      int bad = 0;
+      c[q] = pw_key(c[q], logits, &bad);
+      if (bad && i < n && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
+    }
+    auto key = [&](int q) -> u64 { return c[q]; };
+    auto idf = [&](int q) { return lo + pw_ix(q); };
+    auto at = [&](int i) -> u64 {
+      int bad;
+      return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), logits, &bad);
+    };
+    auto id_at = [&](int i) { return lo + i; };
+    auto emit = [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; };
+    auto emitd = [&](int slot, u64 k, int id) { ck[slot] = k; ci[slot] = id; };
+    const int S = pk_select_map(c, [](int q) { return pw_ix(q); }, key, idf, at, at, id_at, n, K,
+                                24, emit, ps, sh, pk_prof, PK_CAP, emitd);
+    used = S >= 0 ? S : min(K, n);
+  } else {
+    /* 64-bit keys (T outside the fast range): exact radix select over the tile,
+     * the K best written in id order */
+    auto at = [&](int i) -> u64 {
+      int bad;
+      return rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
+    };
+    for (int i = tid; i < n; i += PK_NT) {
+      int bad;
+      rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
+      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
+    }
+    const int kk = K < n ? K : n;
+    const DcSel s = block_select(at, n, kk, sh, 56);
+    block_compact([&](int i) { return sel_has(s, at(i), i); },
+                  [&](int i, int rnk) { ck[rnk] = at(i); ci[rnk] = lo + i; }, n, sh);
+    used = kk;
+  }
+  for (int j = used + tid; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
+  __syncthreads();  /* ordered after thread 0's ps.bad = NONE_BAD */
+  if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+  __syncthreads();
+  const u64 bbad = ps.bad;
+  if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
+  PK_STAMP(4);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
+  __syncthreads();
+  if (!ps.is_last) return;
+  __threadfence();
+  if (tid == 0) counters[row] = 0;
+  pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
+           kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+}
+
+/* 32 ids per thread (tile 16384), one block per SM (127 registers, no spills) */
+extern "C" __global__ void __launch_bounds__(PK_NT, 1) pk_topk3(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status, int vec) {
+  pw_topk<32>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
+              do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
+              tokens, counts, ids, status, vec);
+}
+
+/* 16 ids per thread (tile 8192), two blocks per SM (64 registers) */
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3h(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status, int vec) {
+  pw_topk<16>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
+              do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
+              tokens, counts, ids, status, vec);
+}
+
+#endif
