@@ -129,13 +129,8 @@ def main():
         for name, sets, fn in (("allocate_dense_f32_MB", {"_DENSE_MODE": "mb"}, alloc),
                                ("propose_top32_bf16_PK2", {"_PK_MODE": "2"}, prop),
                                ("propose_top32_bf16_PK3", {"_PK_MODE": "3"}, prop),
-                               ("propose_top32_bf16_PK3_C8K", {"_PK_MODE": "3", "_PK3_CHUNK": 8192}, prop),
-                               ("propose_top32_bf16_PK3_C4K", {"_PK_MODE": "3", "_PK3_CHUNK": 4096}, prop),
-                               ("propose_top32_bf16_PK4", {"_PK_MODE": "4"}, prop),
-                               ("propose_top32_bf16_PK4_C4K", {"_PK_MODE": "4", "_PK3_CHUNK": 4096}, prop),
                                ("verify_k5_dense_lazy_V2", {"_LAZY_MODE": "2"}, ver_lazy),
-                               ("verify_k5_dense_lazy_OLDT", {"_VF_VTCAP": 16384, "_VF_FIT": False}, ver_lazy),
-                               ("verify_k5_top32_lazy_OLDT", {"_VF_VTCAP": 16384, "_VF_FIT": False}, ver_sp_lazy)):
+                               ("verify_k5_top32_lazy_V2", {"_LAZY_MODE": "2"}, ver_sp_lazy)):
             if not all(hasattr(_cb, attr) for attr in sets):
                 continue
             prev = {attr: getattr(_cb, attr) for attr in sets}

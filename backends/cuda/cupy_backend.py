@@ -111,12 +111,12 @@ _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 # H200, dense q k=5, B=1/4/16/64, 16-byte loads (one run): cap 16384 19.0 / 17.6 / 24.1 /
 # 48.3 us, cap 8192 18.8 / 17.5 / 24.1 / 50.4, cap 32768 19.0 / 17.6 / 24.1 / 57.1, 6 blocks
 # per SM 19.0 / 24.3 / 29.8 / 50.6.
-# Those runs rounded the tile count up (8 tiles of 16384 at B=64: 512 blocks, 1.3 waves);
-# DYADIC_CUDA_VF_FIT=1 (default) rounds it down so the grid is one wave (6 tiles of
-# 22528, 384 blocks), hence the cap of 32768.
-_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "32768"))
+# Session 4 (2026-12-01), B=64: a tile count rounded down to fit one wave (6 tiles of
+# 22528, 384 blocks, instead of 8 of 16384, 512 blocks) measured 47.5-47.9 us against
+# 48.2-48.3 (dense q) and 48.8-49.1 against 48.2-48.6 (top-32 q): no gain, not kept; an
+# L2 prefetch of each row two loop iterations ahead: 48.0 vs 47.9, not kept either.
+_VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "16384"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
-_VF_FIT = os.environ.get("DYADIC_CUDA_VF_FIT", "1") == "1"
 _VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
 # chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
@@ -131,11 +131,17 @@ _PK_KMAX = 32
 _PK_NT = 512
 _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
 _PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the tile length
-# "0": dc_topk, "1": pk_topk, "2": pk_topk2, "3": pk_topk3 (wide tiles, propose_wide.cuh:
-# 32 ids per thread), "4": pk_topk3h (16 ids per thread); "3" / "4" only without bias (else "2")
-_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "2")
+# "0": dc_topk, "1": pk_topk, "2": pk_topk2, "3": pk_topk3 (propose_wide.cuh: tiles of 8192
+# ids, 16 per thread; only without bias, else pk_topk2), "auto" (default): pk_topk2 where
+# its grid has at most _PK_SMALL blocks (B x ceil(V / 4096): B = 1 at V = 129280), else
+# pk_topk3.  H200 (2026-12-01, propose top-32 bf16, device us, B = 1 / 4 / 16 / 64, one run):
+# pk_topk2 19.7 / 21.1 / 32.6 / 74.9, pk_topk3 20.7 / 20.2 / 24.1 / 48.3; tiles of 16384
+# (32 ids per thread, one block per SM) 24.6 / 24.6 / 24.9 / 55.7; two or four sub-tiles of
+# 8192 with one running bound 28.7 / 29.1 / 29.6 / 50.2 and 78.6 / 79.7 / 79.9 / 103.6.
+_PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
+_PK_SMALL = 32
 _PK_CAP = 128  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
-_PK3_EPT = {"3": ("pk_topk3", 32), "4": ("pk_topk3h", 16)}  # mode: kernel, ids per thread
+_PK3_EPT = 16  # PW_EPT of propose_wide.cuh: pk_topk3's tile is at most _PK_NT * _PK3_EPT ids
 _PK3_CHUNK = int(os.environ.get("DYADIC_CUDA_PK3_CHUNK", "0"))  # A/B: force pk_topk3's tile
 _DD_RS = 2064  # u64 words of per-row state (DD_RS in dyadic_kernels.cu)
 _DD_PASSES = 5  # dd_pass launches: 12-bit digits, <= 6 per 64-bit remainder, first in dd_floor
@@ -278,17 +284,9 @@ def _num_sms():
     return n
 
 
-def _tile_for(v, rows, nsm, cap, per_sm=4, fit=False):
-    """Tile length (a multiple of 1024, at most cap) giving >= ~per_sm blocks per SM.
-
-    fit: at most per_sm blocks per SM instead (rows x tiles <= per_sm x nsm, so the
-    grid is one wave where the cap allows), e.g. 6 tiles of 22528 ids (384 blocks)
-    rather than 8 of 16384 (512: a second wave of 116 blocks) for 64 rows of 129280
-    ids on 132 SMs at 3 blocks per SM."""
-    if fit:
-        want = max(1, int(per_sm * nsm // max(rows, 1)))
-    else:
-        want = max(1, int(-(-per_sm * nsm // max(rows, 1))))
+def _tile_for(v, rows, nsm, cap, per_sm=4):
+    """Tile length (a multiple of 1024, at most cap) giving >= ~per_sm blocks per SM."""
+    want = max(1, int(-(-per_sm * nsm // max(rows, 1))))
     t = -(-v // want)
     t = -(-t // 1024) * 1024
     return max(1024, min(cap, t))
@@ -554,12 +552,12 @@ class CupyBackend:
         else:
             kptrs, kfmt = _NO_KEYS, 0
         pk_tiles = -(-v // (_PK_NT * _PK_EPT))
-        pk3 = _PK3_EPT.get(_PK_MODE)
-        if (pk3 and top_k and int(top_k) <= _PK_KMAX and (bias is None or not logits)
-                and -(-v // (_PK_NT * pk3[1])) * _PK_CAP <= _PK_NT * _PK_EPT):
-            self._topk_fast3(pk3, common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt,
-                             call, tokens, counts, ids, status, dev)
-        elif (top_k and int(top_k) <= _PK_KMAX and _PK_MODE in ("1", "2", "3", "4")
+        if (top_k and int(top_k) <= _PK_KMAX and (bias is None or not logits)
+                and (_PK_MODE == "3" or (_PK_MODE == "auto" and batch * pk_tiles > _PK_SMALL))
+                and -(-v // (_PK_NT * _PK3_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT):
+            self._topk_fast3(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
+                             tokens, counts, ids, status, dev)
+        elif (top_k and int(top_k) <= _PK_KMAX and _PK_MODE != "0"
                 and pk_tiles * int(top_k) <= _PK_NT * _PK_EPT):
             fast = (self._topk_fast2 if _PK_MODE != "1" and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT
                     else self._topk_fast)
@@ -654,22 +652,22 @@ class CupyBackend:
             _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey, cid,
             bbad, ctr, *call.many((tokens, counts, ids, status), True)))
 
-    def _topk_fast3(self, pk3, common, batch, v, k, policy, do_draw, kptrs, kfmt, call,
-                    tokens, counts, ids, status, dev):
-        """DYADIC_CUDA_PK=3 / 4: pk_topk3 / pk_topk3h (propose_wide.cuh): pk_topk2's slots
-        and last block, tiles of up to PK_NT * 32 (16) ids, 16-byte loads when the rows
-        are 16-byte aligned (x's pointer, and V a multiple of 8 ids, 4 for float32;
-        checked per call: the plan is per shape, the pointer per call)."""
-        pk = ("pk3", pk3[0], dev, batch, v, k)
+    def _topk_fast3(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
+                    counts, ids, status, dev):
+        """pk_topk3 (propose_wide.cuh): pk_topk2's slots and last block, tiles of up to
+        PK_NT * 16 ids, 16-byte loads when the rows are 16-byte aligned (x's pointer, and
+        V a multiple of 8 ids, 4 for float32; checked per call: the plan is per shape,
+        the pointer per call)."""
+        pk = ("pk3", dev, batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
-            cap = _PK_NT * pk3[1]
+            cap = _PK_NT * _PK3_EPT
             chunk = min(-(-(_PK3_CHUNK or cap) // 8) * 8, cap)
             if -(-v // chunk) * _PK_CAP > _PK_NT * _PK_EPT:
                 chunk = cap
             r = -(-v // chunk)
             plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
-                _kernel(pk3[0]), (r, batch), (_PK_NT,),
+                _kernel("pk_topk3"), (r, batch), (_PK_NT,),
                 (scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
                  scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
                  scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch)))
@@ -879,7 +877,7 @@ class CupyBackend:
         pk = ("verify_lazy_fused", dev, batch, k1, v)
         plan = _PLANS.get(pk)
         if plan is None:
-            vt = max(_tile_for(v, batch, _num_sms(), _VF_VTCAP, _VF_BPS, _VF_FIT),
+            vt = max(_tile_for(v, batch, _num_sms(), _VF_VTCAP, _VF_BPS),
                      -(-v // (128 * 1024)) * 1024)  # at most 128 tiles
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
             nch = (v + 63) // 64

@@ -129,6 +129,30 @@ DC_FN u64 pk_bound(u64 v, int kk, PkShared& ps) {
   return t;
 }
 
+/* The S (<= PK_SMAX) survivors in ps (sk exact key, si id, sc coarse key) ranked by
+ * counting (key desc, id asc), G lanes per survivor (G a power of two <= 32: aligned
+ * groups); out(rank, key, id, coarse) for rank < kk.  Ends with a barrier. */
+template <class OUT>
+DC_FN void pk_rank_emit(int S, int kk, OUT out, PkShared& ps) {
+  const int tid = threadIdx.x;
+  int G = 1;
+  while (G < 32 && G * 2 * S <= PK_NT) G <<= 1;
+  for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
+    const int a = a0 + tid / G, part = tid & (G - 1);
+    const bool live = a < S;
+    const u64 ka = live ? ps.sk[a] : 0; const int ia = live ? ps.si[a] : 0;
+    int rank = 0;
+    if (live)
+      for (int b = part; b < S; b += G) {
+        const u64 kb = ps.sk[b];
+        rank += kb > ka || (kb == ka && ps.si[b] < ia);
+      }
+    for (int o = 1; o < G; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (live && part == 0 && rank < kk) out(rank, ka, ia, ps.sc[a]);
+  }
+  __syncthreads();
+}
+
 /* The K best of the block's elements by (exact key desc, id asc); emits
  * out(rank, key, id, coarse) for rank < min(K, n).  Element q of thread t is
  * index i = q * PK_NT + t (valid when i < n), its coarse key c[q] (held in
@@ -142,19 +166,20 @@ DC_FN int pk_select_map(const KT (&c)[EPT], IX ix, E exact, I id, EA at, CA coar
                         int n, int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
                         int direct_cap, OUTD out_direct) {
   const int tid = threadIdx.x;
-  /* the thread's largest coarse key (first index) and its second largest */
-  u64 m1 = 0, m2 = 0; bool any = false;
+  /* the thread's largest coarse key (first index) and its second largest (in KT: t,
+   * one of the maxima or 0, fits it too) */
+  KT m1 = 0, m2 = 0; bool any = false;
 #pragma unroll
   for (int q = 0; q < EPT; ++q) {
     const bool in = ix(q) < n;
-    const u64 v = in ? c[q] : 0;
+    const KT v = in ? c[q] : 0;
     any |= in;
     if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) m2 = v;
   }
   PK_STAMP(1);
   const int kk = K < n ? K : n;
   /* t: at least kk elements have coarse >= t (pk_bound), so the kk best all do */
-  const u64 t = pk_bound(m1, kk, ps);
+  const KT t = (KT)pk_bound(m1, kk, ps);
   PK_STAMP(2);
   /* survivors: coarse >= t (valid elements only) */
   int cnt = 0;
@@ -191,23 +216,7 @@ DC_FN int pk_select_map(const KT (&c)[EPT], IX ix, E exact, I id, EA at, CA coar
   }
   __syncthreads();
   PK_STAMP(3);
-  /* rank counting, G lanes per survivor (G a power of two <= 32: aligned groups) */
-  int G = 1;
-  while (G < 32 && G * 2 * S <= PK_NT) G <<= 1;
-  for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
-    const int a = a0 + tid / G, part = tid & (G - 1);
-    const bool live = a < S;
-    const u64 ka = live ? ps.sk[a] : 0; const int ia = live ? ps.si[a] : 0;
-    int rank = 0;
-    if (live)
-      for (int b = part; b < S; b += G) {
-        const u64 kb = ps.sk[b];
-        rank += kb > ka || (kb == ka && ps.si[b] < ia);
-      }
-    for (int o = 1; o < G; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
-    if (live && part == 0 && rank < kk) out(rank, ka, ia, ps.sc[a]);
-  }
-  __syncthreads();
+  pk_rank_emit(S, kk, out, ps);
   return -1;
 }
 

@@ -4,18 +4,20 @@
  * The layout and the last block are pk_topk2's (grid (R, B), PK_NT threads,
  * R * PK_CAP candidate slots per row, the last block of a row found by an
  * atomic counter merges them and runs the tail).  The tile phase differs:
- *  - a tile holds up to PK_NT * EPT ids (pk_topk3: EPT = 32, 16384 ids;
- *    pk_topk3h: 16, 8192; pk_topk2: 4096), so a row
- *    has 4x fewer blocks, each with the same chain of barriers: at B = 64 the
- *    per-block chain, not the bytes, set pk_topk2's time (about 8 waves of
- *    blocks at V = 129280), and the merge reads R * PK_CAP slots;
+ *  - a tile holds up to PK_NT * PW_EPT = 8192 ids (pk_topk2: 4096), so a row
+ *    has half as many blocks, each with the same chain of barriers: at B = 64
+ *    the per-block chain, not the bytes, set pk_topk2's time (about 8 waves of
+ *    blocks at V = 129280);
  *  - element q of a thread is index pw_ix(q) = ((q / 8) * PK_NT + tid) * 8 +
  *    q % 8 of the tile: groups of 8 consecutive ids, one 16-byte load per
  *    group for 16-bit inputs (two for float32) when the row is 16-byte
- *    aligned (vec), else 8 scalar loads;
+ *    aligned (vec), else 8 scalar loads; the loads are issued before the
+ *    row's temperature is read;
  *  - coarse keys are u32 (narrow rows: logits without bias with 2**-700 <= T
  *    <= 2**800, where the float order key of x ranks as the exact key, or
- *    probabilities, key mag + 1), EPT registers per thread.
+ *    probabilities, key mag + 1): PW_EPT registers per thread, u32 compares;
+ *  - a bad element (NaN / +inf logits, a bad weight) sets a per-thread flag;
+ *    only a thread that has one looks for its first bad id again.
  * The host launches it only without bias (or for probabilities), so every row
  * is narrow unless its temperature lies outside that range; such a row takes
  * the exact radix select of dyadic_cuda.cuh over its tile (keys from x again)
@@ -23,9 +25,13 @@
  * Exactness: the selection over a tile is pk_select_map's (the K best by
  * (key desc, id asc), or all survivors coarse >= t unranked when they fit
  * PK_CAP; the element map only says which register holds which id), and the
- * merge / tail are pk2_last's, so the output equals dc_topk's bit for bit. */
+ * merge / tail are pk2_last's, so the output equals dc_topk's bit for bit.
+ * Measured against wider tiles and a running bound over sub-tiles: see
+ * cupy_backend._PK_MODE. */
 #ifndef DYADIC_PROPOSE_WIDE_CUH
 #define DYADIC_PROPOSE_WIDE_CUH
+
+#define PW_EPT 16  /* ids per thread: 2 groups of 8 consecutive ids */
 
 DC_FN int pw_ix(int q) { return ((q >> 3) * PK_NT + (int)threadIdx.x) * 8 + (q & 7); }
 
@@ -55,20 +61,24 @@ DC_FN void pw_load8(const void* x, int xdt, i64 off, int i0, int n, bool vec, u3
   }
 }
 
-/* Narrow coarse key and status of one element: fast logits (float order key;
- * NaN / +inf by bits) or probabilities (mag + 1, dy_weight_bits_status). */
+/* Narrow coarse key of one element: fast logits (float order key) or probabilities
+ * (mag + 1); *bad (when not null): its status, as rank_key's (NaN / +inf by bits). */
 DC_FN u32 pw_key(u32 b, int logits, int* bad) {
   if (logits) {
-    *bad = (b & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (b == 0x7F800000u ? DY_ST_X_POSINF : 0);
+    if (bad) *bad = (b & 0x7FFFFFFFu) > 0x7F800000u ? DY_ST_X_NAN : (b == 0x7F800000u ? DY_ST_X_POSINF : 0);
     return pk_fkey(__uint_as_float(b));
   }
-  *bad = dy_weight_bits_status(b);
+  if (bad) *bad = dy_weight_bits_status(b);
   return (b & 0x7FFFFFFFu) + 1u;
 }
 
-/* The kernel body, EPT ids per thread (a multiple of 8; the tile is <= PK_NT * EPT). */
-template <int EPT>
-DC_FN void pw_topk(
+/* pw_key's status != 0, cheaper */
+DC_FN bool pw_bad(u32 b, int logits) {
+  if (logits) return (b & 0x7FFFFFFFu) >= 0x7F800000u && b != 0xFF800000u;
+  return !(b - 1u < 0x7F7FFFFFu || (b & 0x7FFFFFFFu) == 0);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -82,9 +92,9 @@ DC_FN void pw_topk(
   const i64 xoff = (i64)row * V;
   const int lo = r * chunk, n = min(V, lo + chunk) - lo;
   /* the tile's loads first: in flight while the row's temperature is read */
-  u32 c[EPT];
+  u32 c[PW_EPT];
 #pragma unroll
-  for (int g = 0; g < EPT / 8; ++g) {
+  for (int g = 0; g < PW_EPT / 8; ++g) {
     u32 b[8];
     pw_load8(x, xdt, xoff + lo, pw_ix(8 * g), n, vec != 0, b);
 #pragma unroll
@@ -100,18 +110,25 @@ DC_FN void pw_topk(
   u64 mybad = NONE_BAD;
   int used;
   if (narrow) {
+    bool anybad = false;
 #pragma unroll
-    for (int q = 0; q < EPT; ++q) {  /* float bits -> coarse keys, in place */
-      const int i = pw_ix(q);
-      int bad = 0;
-      c[q] = pw_key(c[q], logits, &bad);
-      if (bad && i < n && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
+    for (int q = 0; q < PW_EPT; ++q) {  /* float bits -> coarse keys, in place */
+      anybad |= pw_ix(q) < n && pw_bad(c[q], logits);
+      c[q] = pw_key(c[q], logits, 0);
+    }
+    if (anybad) {  /* the thread's first bad element (ids increase with q) */
+#pragma unroll 1
+      for (int q = 0; q < PW_EPT; ++q) {
+        const int i = pw_ix(q);
+        int bad = 0;
+        if (i < n) pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), logits, &bad);
+        if (bad) { mybad = ((u64)(lo + i) << 8) | (u64)bad; break; }
+      }
     }
     auto key = [&](int q) -> u64 { return c[q]; };
     auto idf = [&](int q) { return lo + pw_ix(q); };
     auto at = [&](int i) -> u64 {
-      int bad;
-      return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), logits, &bad);
+      return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), logits, 0);
     };
     auto id_at = [&](int i) { return lo + i; };
     auto emit = [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; };
@@ -153,30 +170,6 @@ DC_FN void pw_topk(
   if (tid == 0) counters[row] = 0;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
            kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
-}
-
-/* 32 ids per thread (tile 16384), one block per SM (127 registers, no spills) */
-extern "C" __global__ void __launch_bounds__(PK_NT, 1) pk_topk3(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec) {
-  pw_topk<32>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
-              do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-              tokens, counts, ids, status, vec);
-}
-
-/* 16 ids per thread (tile 8192), two blocks per SM (64 registers) */
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3h(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec) {
-  pw_topk<16>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
-              do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-              tokens, counts, ids, status, vec);
 }
 
 #endif

@@ -18,9 +18,10 @@
  * grid (nt, B), 256 threads, tile vt (a multiple of 1024, <= 32768, nt <= VF_MAXT):
  *   1. lz_tests: classify the k tests, candidate rows (as dc_vlazy2).
  *   2. for each candidate row i, the block's tile in one pass over P (and the
- *      dense q row / point mass / sparse support; 16-byte loads, a half warp per
- *      chunk, when V % 4 == 0 and the rows are 16-byte aligned; else 4-byte
- *      loads, a warp per chunk): the split sums of P and the
+ *      dense q row / point mass / sparse support; 16-byte loads, 8 lanes per
+ *      chunk and 2 loads (8 ids) per lane, when V % 4 == 0 and the rows are
+ *      16-byte aligned; else 4-byte loads, a warp per chunk): the split sums of P
+ *      and the
  *      validity (dc_vlazy2's row total), and per chunk of VF_CH = 64 ids the
  *      sums over its DEFINITE selected ids, sum P and sum c -> chunk records
  *      (2 x u64) and the tile record (T split sums, bad, sum P, sum c, dirty
@@ -129,7 +130,6 @@ DC_FN void vf_chunk_exact(const ResRow& r, int v0, int V, u64* sp, u64* sc) {
 }
 
 /* Step 2 for row i of request b: the tile [lo, hi) (see the header). */
-template <int CU>
 DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* qir, int W, int d,
                    bool bonus, int lo, int hi, u64* rch, u64* trec, u64* alist, u32* acnt, int acap,
                    bool vec, VfShared& s) {
@@ -139,40 +139,42 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
   u64 shi = 0, slo = 0; u32 bad = 0;
   /* c_v: dense q[v]; point mass 2^24 [v == d]; bonus / sparse 0 (sparse: corrected below) */
   auto cval = [&](u32 qv, int v) -> u64 { return qrow ? (u64)qv : (v == d ? (u64)DY_TOTAL : 0ull); };
-  if (vec) {  /* 16-byte loads: the 16 lanes of a half warp hold one chunk */
+  if (vec) {  /* 16-byte loads: 8 lanes hold one chunk, 2 loads (8 ids) per lane */
     const uint4* t4 = (const uint4*)(trow + lo);
     const uint4* q4 = qrow ? (const uint4*)(qrow + lo) : 0;
     const int n4 = (hi - lo) >> 2;
-    for (int base = 0; base < n4; base += 256 * CU) {  /* uniform trip count: shuffles */
-      uint4 tb[CU], qb[CU];
+    const int j = tid >> 3, sl = tid & 7;  /* the chunk of the iteration, the lane in it */
+    for (int base = 0; base < n4; base += 512) {  /* uniform trip count: shuffles */
+      uint4 tb[2], qb[2];
 #pragma unroll
-      for (int u = 0; u < CU; ++u) {
-        const int g = base + tid + u * 256;
+      for (int u = 0; u < 2; ++u) {
+        const int g = base + 16 * j + sl + 8 * u;
         tb[u] = g < n4 ? __ldcs(&t4[g]) : make_uint4(0, 0, 0, 0);
         qb[u] = (q4 && g < n4) ? __ldcs(&q4[g]) : make_uint4(0, 0, 0, 0);
       }
+      u64 sp = 0; u32 sc = 0, full = 0;
 #pragma unroll
-      for (int u = 0; u < CU; ++u) {
-        const int g = base + tid + u * 256, v = lo + 4 * g;
+      for (int u = 0; u < 2; ++u) {
+        const int g = base + 16 * j + sl + 8 * u, v = lo + 4 * g;
         const u32 bb[4] = {tb[u].x, tb[u].y, tb[u].z, tb[u].w};
         const u32 cc[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
-        u64 sp = 0; u32 sc = 0, full = 0;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const u64 c = cval(cc[e], v + e);
           const bool amb = vf_elem(bb[e], c, shi, slo, bad, sp, sc) && g < n4;
           full |= vf_list(amb, bb[e], v + e, (u32)c, alist, acnt, acap);
         }
+      }
 #pragma unroll
-        for (int o = 8; o; o >>= 1) {
-          sp += __shfl_xor_sync(0xffffffffu, sp, o);
-          sc += __shfl_xor_sync(0xffffffffu, sc, o);
-        }
-        full = (__ballot_sync(0xffffffffu, full != 0) >> (lane & 16)) & 0xFFFFu;
-        if ((lane & 15) == 0 && g < n4) {
-          const int cl = g >> 4;
-          s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full != 0;
-        }
+      for (int o = 4; o; o >>= 1) {
+        sp += __shfl_xor_sync(0xffffffffu, sp, o);
+        sc += __shfl_xor_sync(0xffffffffu, sc, o);
+      }
+      full = (__ballot_sync(0xffffffffu, full != 0) >> (lane & 24)) & 0xFFu;
+      const int g0 = base + 16 * j;
+      if (sl == 0 && g0 < n4) {
+        const int cl = g0 >> 4;
+        s.csp[cl] = sp; s.csc[cl] = sc; s.cdirty[cl] = full != 0;
       }
     }
   } else {  /* scalar loads: warp w takes chunks w, w + 8, ... (ids lane and lane + 32) */
@@ -248,8 +250,10 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
  * A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us, one run, all variants passing
  * the lazy GPU tests): 4 loads in flight 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118
  * registers) 18.9 / 17.8 / 28.3 / 63.0, both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5
- * / 24.1 / 50.4 for this choice. */
-#define VF_CU 2
+ * / 24.1 / 50.4 for this choice.  Session 4 (2026-12-01, one run): 8 lanes per chunk
+ * (3 shuffle levels per 8 ids) 18.6 / 17.3 / 23.9 / 50.6 (top-32 q 19.1 / 18.0 / 24.5 /
+ * 47.3) against a half warp per chunk (4 levels per 4 ids) 18.6 / 17.0 / 24.1 / 52.4
+ * (19.2 / 17.9 / 24.8 / 48.9): kept. */
 extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -276,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
     const int i = s.z.cand[j];
     const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
     const i64 row = (i64)b * k1 + i;
-    vf_tile<VF_CU>(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
+    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
             sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
             (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
             tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap,
