@@ -17,12 +17,14 @@ current stream (``dyadic._device`` makes that the caller's stream).  Device
 arrays may have 4- or 8-byte integer words and length B or 1.
 
 Launch structure:
-- top-k allocate / propose, top_k <= 32: ONE launch of ``pk_topk``
-  (``propose_fast.cuh``; DYADIC_CUDA_PK=2: ``pk_topk2``, =0: ``dc_topk``),
-  grid (ceil(V / 4096), B): per-thread coarse keys in registers, a bound from
-  the warps' sorted maxima, survivors ranked; the last block of the row
-  (atomic counter after ``__threadfence``) merges the candidates and runs
-  the allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
+- top-k allocate / propose, top_k <= 32: ONE launch of ``pk_topk2``
+  (``propose_fast.cuh``, grid (ceil(V / 4096), B)) or, without bias and from
+  about B = 2 at V = 129280, ``pk_topk3`` (``propose_wide.cuh``, grid
+  (ceil(V / 8192), B)); DYADIC_CUDA_PK=auto (default) / 1 (``pk_topk``) / 2 / 3
+  / 0 (``dc_topk``): per-thread coarse keys in registers, a bound from the
+  warps' sorted maxima, survivors kept; the last block of the row (atomic
+  counter after ``__threadfence``) merges the candidates and runs the
+  allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
   (ceil(V / 2048), B), radix select / rank counting per tile, same merge
   pattern.  No block waits for another.
 - dense allocate / propose: ``da2_max``, ``da2_sum``, ``da2_floor``, ``da2_mark``
@@ -135,9 +137,10 @@ _PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the t
 # ids, 16 per thread; only without bias, else pk_topk2), "auto" (default): pk_topk2 where
 # its grid has at most _PK_SMALL blocks (B x ceil(V / 4096): B = 1 at V = 129280), else
 # pk_topk3.  H200 (2026-12-01, propose top-32 bf16, device us, B = 1 / 4 / 16 / 64, one run):
-# pk_topk2 19.7 / 21.1 / 32.6 / 74.9, pk_topk3 20.7 / 20.2 / 24.1 / 48.3; tiles of 16384
-# (32 ids per thread, one block per SM) 24.6 / 24.6 / 24.9 / 55.7; two or four sub-tiles of
-# 8192 with one running bound 28.7 / 29.1 / 29.6 / 50.2 and 78.6 / 79.7 / 79.9 / 103.6.
+# pk_topk2 19.7 / 21.4 / 32.6 / 75.1, pk_topk3 20.4 / 20.0 / 23.9 / 46.0.  Dropped variants
+# (earlier runs, pk_topk3 then at 20.5 / 20.3 / 24.3 / 48.5): tiles of 16384 (32 ids per
+# thread, one block per SM) 24.6 / 24.6 / 24.9 / 55.7; two or four sub-tiles of 8192 with
+# one running bound 28.7 / 29.1 / 29.6 / 50.2 and 78.6 / 79.7 / 79.9 / 103.6.
 _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
 _PK_SMALL = 32
 _PK_CAP = 128  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
