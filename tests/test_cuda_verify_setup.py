@@ -1,5 +1,6 @@
-"""backends/cuda/cupy_backend._verify_setup without a GPU: the depth limit of the cuda
-verify kernels is refused with its message before anything touches the device."""
+"""backends/cuda/cupy_backend without a GPU: the depth limit of the cuda verify kernels is
+refused with its message before anything touches the device (_verify_setup), and the lazy
+verify's choice of kernel by grid size (_vf_kernel)."""
 
 import numpy as np
 import pytest
@@ -28,3 +29,17 @@ def test_deepest_draft_passes_the_limit():
         cupy_backend._verify_setup(target, None, 0, 0, 0, 0, (), ())
     except Exception as exc:  # noqa: BLE001 - no CuPy / no GPU here: any error but the limit
         assert "verifies at most" not in str(exc)
+
+
+@pytest.mark.parametrize("batch, kernel", [(1, "dc_vfused"), (4, "dc_vfused"),
+                                           (16, "dc_vfused"), (64, "dc_vfused_r64")])
+def test_lazy_kernel_by_grid(batch, kernel, monkeypatch):
+    """The tiles of dc_vfused at V = 129280 on 132 SMs, and the 4-blocks-per-SM build only
+    where the grid does not fit 3 blocks per SM (B = 64: 8 tiles, 512 blocks > 396)."""
+    monkeypatch.setattr(cupy_backend, "_VF_KERNEL", "")
+    v, nsm = 129280, 132
+    vt = cupy_backend._tile_for(v, batch, nsm, cupy_backend._VF_VTCAP, cupy_backend._VF_BPS)
+    nt = -(-v // vt)
+    assert cupy_backend._vf_kernel(nt, batch, nsm) == kernel
+    monkeypatch.setattr(cupy_backend, "_VF_KERNEL", "dc_vfused")
+    assert cupy_backend._vf_kernel(nt, batch, nsm) == "dc_vfused"

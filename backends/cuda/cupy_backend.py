@@ -118,6 +118,12 @@ _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 # 48.2-48.3 (dense q) and 48.8-49.1 against 48.2-48.6 (top-32 q): no gain, not kept; an
 # L2 prefetch of each row two loop iterations ahead: 48.0 vs 47.9, not kept either.
 _VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "16384"))
+# dc_vfused (80 registers, 3 blocks per SM) while the grid fits one wave at 3 blocks per SM,
+# else dc_vfused_r64 (the same code at 64 registers, 4 blocks per SM, some spills).  H200
+# (2026-12-01, one run, device us, dense / top-32 q, each variant twice): B=64 45.1-45.3 /
+# 46.1-46.3 against 46.8-47.1 / 47.4-47.6; B=16 24.2 / 25.1 against 23.7 / 24.6 and B=1 19.6 /
+# 20.5 against 18.7 / 19.4 (where dc_vfused stays).  DYADIC_CUDA_VF_KERNEL forces one.
+_VF_KERNEL = os.environ.get("DYADIC_CUDA_VF_KERNEL", "")
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 _VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
@@ -285,6 +291,11 @@ def _num_sms():
         n = int(_cupy().cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
         _NSM[dev] = n
     return n
+
+
+def _vf_kernel(nt, batch, nsm):
+    """The lazy verify kernel for a grid of nt x batch blocks on nsm SMs (_VF_KERNEL)."""
+    return _VF_KERNEL or ("dc_vfused_r64" if nt * batch > 3 * nsm else "dc_vfused")
 
 
 def _tile_for(v, rows, nsm, cap, per_sm=4):
@@ -885,7 +896,8 @@ class CupyBackend:
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
             nch = (v + 63) // 64
             plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP], _I32[batch <= _LAZY_PRE])
-                    + _launch_plan(_kernel("dc_vfused"), (nt, batch), (256,), (
+                    + _launch_plan(_kernel(_vf_kernel(nt, batch, _num_sms())),
+                                   (nt, batch), (256,), (
                         scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
                         scratch("vf_rchunk", 16 * batch * k1 * nch),
                         scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),

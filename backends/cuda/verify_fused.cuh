@@ -254,7 +254,7 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
  * (3 shuffle levels per 8 ids) 18.6 / 17.3 / 23.9 / 50.6 (top-32 q 19.1 / 18.0 / 24.5 /
  * 47.3) against a half warp per chunk (4 levels per 4 ids) 18.6 / 17.0 / 24.1 / 52.4
  * (19.2 / 17.9 / 24.8 / 48.9): kept. */
-extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
+DC_FN void vf_kernel(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
@@ -422,4 +422,25 @@ extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
     if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tok[q] = -1; }
     else tok[R] = j;
   }
+}
+
+/* The kernel at most 80 registers (3 blocks per SM; 40 bytes of spills) and at most 64
+ * (4 blocks per SM; 168 bytes): the host takes dc_vfused_r64 when the grid has more
+ * blocks than 3 per SM (B = 64 at V = 129280: 45.1 against 46.8 us), dc_vfused else. */
+extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+  vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
+            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+  vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
+            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q);
 }
