@@ -1,4 +1,4 @@
-"""In-kernel %globaltimer stamps of pk_topk (run with DYADIC_CUDA_PROF=1 on the GPU).
+"""In-kernel %globaltimer stamps of pk_topk2 / pk_topk3 (run with DYADIC_CUDA_PROF=1 on the GPU).
 
 Prints, for propose top-32 bf16 at B = 1, 4, 64, the stamps of row 0 in ns
 relative to the start of its block 0: tile phase (1 maxima, 2 K-th largest,

@@ -20,8 +20,8 @@ Launch structure:
 - top-k allocate / propose, top_k <= 32: ONE launch of ``pk_topk2``
   (``propose_fast.cuh``, grid (ceil(V / 4096), B)) or, without bias and from
   about B = 2 at V = 129280, ``pk_topk3`` (``propose_wide.cuh``, grid
-  (ceil(V / 8192), B)); DYADIC_CUDA_PK=auto (default) / 1 (``pk_topk``) / 2 / 3
-  / 0 (``dc_topk``): per-thread coarse keys in registers, a bound from the
+  (ceil(V / 8192), B)); DYADIC_CUDA_PK=auto (default) / 2 / 3 / 0
+  (``dc_topk``): per-thread coarse keys in registers, a bound from the
   warps' sorted maxima, survivors kept; the last block of the row (atomic
   counter after ``__threadfence``) merges the candidates and runs the
   allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
@@ -132,14 +132,13 @@ _VF_ACAP = int(os.environ.get("DYADIC_CUDA_VF_ACAP", "2048"))
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
-# top_k <= _PK_KMAX: "2" pk_topk2 (default; H200 2026-11-29, propose top-32 bf16 B=1/4/64
-# 24.1 / 22.6 / 76.6 us), "1" pk_topk (23.5 / 24.4 / 96.2), "0" dc_topk (36.0 / 39.9 / 161.0);
-# the top-k GPU tests ran both fast kernels, the parity suite and the fuzz passed with "2".
+# top_k <= _PK_KMAX: H200 2026-11-29, propose top-32 bf16 B=1/4/64: pk_topk2 24.1 / 22.6 / 76.6
+# us, dc_topk 36.0 / 39.9 / 161.0; a first pk_topk (23.5 / 24.4 / 96.2) was removed on
+# 2026-12-01 (pk_topk2 and pk_topk3 share its selection and a faster last block).
 _PK_KMAX = 32
 _PK_NT = 512
 _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
-_PK_CHUNK = int(os.environ.get("DYADIC_CUDA_PK_CHUNK", "0"))  # A/B: force the tile length
-# "0": dc_topk, "1": pk_topk, "2": pk_topk2, "3": pk_topk3 (propose_wide.cuh: tiles of 8192
+# "0": dc_topk, "2": pk_topk2, "3": pk_topk3 (propose_wide.cuh: tiles of 8192
 # ids, 16 per thread; only without bias, else pk_topk2), "auto" (default): pk_topk2 where
 # its grid has at most _PK_SMALL blocks (B x ceil(V / 4096): B = 1 at V = 129280), else
 # pk_topk3.  H200 (2026-12-01, propose top-32 bf16, device us, B = 1 / 4 / 16 / 64, one run):
@@ -572,11 +571,9 @@ class CupyBackend:
             self._topk_fast3(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
                              tokens, counts, ids, status, dev)
         elif (top_k and int(top_k) <= _PK_KMAX and _PK_MODE != "0"
-                and pk_tiles * int(top_k) <= _PK_NT * _PK_EPT):
-            fast = (self._topk_fast2 if _PK_MODE != "1" and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT
-                    else self._topk_fast)
-            fast(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call, tokens,
-                 counts, ids, status, dev)
+                and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT):
+            self._topk_fast2(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
+                             tokens, counts, ids, status, dev)
         elif top_k:
             k = int(top_k)
             kc = min(k, _TILE)
@@ -617,39 +614,11 @@ class CupyBackend:
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
-    def _topk_fast(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
-                   counts, ids, status, dev):
-        """top_k <= 32, DYADIC_CUDA_PK=1: pk_topk (propose_fast.cuh), one launch, grid (R, B).
-
-        Tile (ids per block) PK_NT * PK_EPT = 4096: on the H200 (2026-11-29,
-        V=129280, bf16) it beat 1024 and 2048 at B=1/4/64 (the per-block latency
-        chain, not bandwidth, dominates).  R * K candidates (<= PK_NT * PK_EPT)
-        go to the last block of the row.  DYADIC_CUDA_PK_CHUNK overrides the tile
-        (<= 4096; R * K must stay <= 4096).  ``_alloc`` picks pk_topk2 (DYADIC_CUDA_PK=2,
-        the default) where its candidate slots fit."""
-        pk = ("pk", dev, batch, v, k)
-        plan = _PLANS.get(pk)
-        if plan is None:
-            chunk = min(_PK_CHUNK or _PK_NT * _PK_EPT, _PK_NT * _PK_EPT)
-            if -(-v // chunk) * k > _PK_NT * _PK_EPT:
-                chunk = _PK_NT * _PK_EPT
-            r = -(-v // chunk)
-            plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
-                _kernel("pk_topk"), (r, batch), (_PK_NT,),
-                (scratch("pk_cand_key", 8 * batch * r * k),
-                 scratch("pk_cand_coarse", 8 * batch * r * k),
-                 scratch("pk_cand_id", 4 * batch * r * k), scratch("pk_blk_bad", 8 * batch * r),
-                 scratch("pk_counters", 4 * batch)))
-            _PLANS[pk] = plan
-        r32, chunk32, fn, grid, block, _, (ckey, ccoarse, cid, bbad, ctr) = plan
-        fn.launch(grid, block, common + (
-            _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey,
-            ccoarse, cid, bbad, ctr, *call.many((tokens, counts, ids, status), True)))
-
     def _topk_fast2(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
                     counts, ids, status, dev):
-        """DYADIC_CUDA_PK=2: pk_topk2 (survivors written unranked; exact keys for the K
-        winners only), tile PK_NT * PK_EPT ids, R * PK_CAP candidate slots per row."""
+        """pk_topk2 (DYADIC_CUDA_PK=2, or auto on small grids or with bias; survivors
+        written unranked, exact keys for the K winners only), tile PK_NT * PK_EPT ids,
+        R * PK_CAP candidate slots per row."""
         pk = ("pk2", dev, batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:

@@ -1,11 +1,10 @@
 /* Fast top-k allocate / propose for K <= 32 (included by dyadic_kernels.cu).
  *
- * One launch, grid (R, B), PK_NT threads: block r of row b takes the ids
- * [r * chunk, min(V, (r + 1) * chunk)); the host picks R so that B * R fills
- * the chip (R * K <= PK_NT * 2).  The last block of a row (atomic counter
- * after __threadfence; it resets the counter, so CUDA-graph replays start at
- * zero) merges the R * K candidates, allocates 2**24 tickets and draws in
- * one warp.  No block waits for another.
+ * One launch of pk_topk2 (here) or pk_topk3 (propose_wide.cuh), grid (R, B),
+ * PK_NT threads: block r of row b takes the ids [r * chunk, min(V, (r + 1) *
+ * chunk)) and writes its candidates; the last block of a row (pk_elect_last)
+ * merges them, allocates 2**24 tickets and draws in one warp (pk2_last).  No
+ * block waits for another.
  *
  * Exactness.  Every block selects the K best of its ids by (key desc, id
  * asc), where key is the exact ranking key of dc_topk (dy_order_key(z) for
@@ -15,7 +14,7 @@
  *     "coarse keys" in registers, with its largest and second largest.  The
  *     coarse key is in the same strict order as the exact key: for logits
  *     without bias and 2**-700 <= T <= 2**800 it is the float order key of x
- *     (x -> x / T is then strictly increasing, see pk_topk), otherwise it is
+ *     (x -> x / T is then strictly increasing, see pk_fast_row), otherwise it is
  *     the exact key itself;
  *  2. t = pk_bound: a value with at least K per-thread maxima >= t, from the
  *     warps' bitonic-sorted maxima (no block-wide select); the K best all
@@ -26,9 +25,8 @@
  *     are written in rank order.  When more than PK_SMAX survive (masses of
  *     ties) the exact radix select of dyadic_cuda.cuh over all elements
  *     (ties: lowest index = lowest id) picks the K best instead.
- * The merge in the last block runs pk_select over the candidates, which are
- * laid out (block asc, rank asc): among equal keys that is id order, so the
- * fallback's "lowest index" tie rule is still "lowest id".
+ * The merge in the last block runs pk_select over the candidates (see pk_topk2
+ * for their layout and keys).
  * The tail (weights, floor, largest remainders or floor-first, compaction
  * in id order, the draw) is the same integer arithmetic as dc_topk, one
  * support entry per lane of warp 0. */
@@ -220,7 +218,7 @@ DC_FN int pk_select_map(const KT (&c)[EPT], IX ix, E exact, I id, EA at, CA coar
   return -1;
 }
 
-/* pk_select over PK_EPT keys per thread at index q * PK_NT + tid (pk_topk, pk_topk2) */
+/* pk_select over PK_EPT keys per thread at index q * PK_NT + tid (pk_topk2, pk2_last) */
 template <class E, class I, class EA, class CA, class IA, class OUT, class OUTD>
 DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
                     int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
@@ -342,109 +340,31 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   if (lane == 0) status[row] = 0;
 }
 
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
-    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* cand_key, u64* cand_coarse, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status) {
-  __shared__ DcShared sh;
-  __shared__ PkShared ps;
-  __shared__ u64 ok[PK_KMAX];
-  __shared__ int oi[PK_KMAX];
-  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
-  int pk_prof = row == 0 && r == 0 ? 0 : -1;
-  PK_STAMP(0);
-  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
-  const i64 xoff = (i64)row * V;
-  const i64 boff = bias_rows > 1 ? xoff : 0;
-  /* coarse keys: float order keys for logits without bias where x -> z = x / T
-   * is strictly increasing (-0.0 == +0.0): 2**-700 <= T <= 2**800 keeps every
-   * finite nonzero |z| in [2**-949, 2**828], normal doubles, and distinct
-   * floats (relative gap >= 2**-24) round to distinct doubles; NaN / +inf
-   * statuses then equal rank_key's.  Otherwise the exact keys. */
-  const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;
-  const int etop = logits ? 56 : 24;
-  auto exact_x = [&](float xf, i64 v) -> u64 {  /* exact key of an element */
-    int bad;
-    return rank_key(xf, bias, bdt, boff + v, T, logits, &bad);
-  };
-  if (tid == 0) ps.bad = NONE_BAD;
-  const int lo = r * chunk, n = min(V, lo + chunk) - lo;
-  u64* ck = cand_key + ((i64)row * R + r) * K;
-  u64* cc = cand_coarse + ((i64)row * R + r) * K;
-  int* ci = cand_id + ((i64)row * R + r) * K;
-  {
-    float xf[PK_EPT];
-    u64 c[PK_EPT];
-    const u64 mybad = pk_load_keys(x, xdt, xoff, lo, n, fast, bias, bdt, boff, T, logits, xf, c);
-    auto exact = [&](int q) -> u64 { return fast ? exact_x(xf[q], 0) : c[q]; };
-    auto idf = [&](int q) { return lo + q * PK_NT + tid; };
-    auto at = [&](int i) -> u64 { return exact_x(load_f(x, xdt, xoff + lo + i), lo + i); };
-    auto coarse_at = [&](int i) -> u64 { return fast ? (u64)pk_fkey(load_f(x, xdt, xoff + lo + i)) : at(i); };
-    auto id_at = [&](int i) { return lo + i; };
-    auto emit = [&](int rank, u64 k, int id, u64 cv) { ck[rank] = k; cc[rank] = cv; ci[rank] = id; };
-    pk_select(c, exact, idf, at, coarse_at, id_at, n, K, etop, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
-    for (int j = n + tid; j < K; j += PK_NT) { ck[j] = 0; cc[j] = 0; ci[j] = -1; }  /* n < K: padding */
-    /* after pk_select's barriers: ordered after thread 0's ps.bad = NONE_BAD */
-    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
-    __syncthreads();
-  }
-  const u64 bbad = ps.bad;
-  if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
-  PK_STAMP(4);
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
-  __syncthreads();
-  if (!ps.is_last) return;
-  __threadfence();
-  if (tid == 0) counters[row] = 0;
-  pk_prof = row == 0 ? 16 : -1;
-  PK_STAMP(0);
-  pk_prefetch_exp_table();
-  const DcKey kk = pk_key(do_draw, kseed, kgen, krnd, kpos, kfmt, row);
-
-  /* ---- last block of the row ---- */
-  const int W = K;
-  u64 b = NONE_BAD;
-  for (int t = tid; t < R; t += PK_NT) { u64 w = __ldcg(&blk_bad[(i64)row * R + t]); b = w < b ? w : b; }
-  b = block_reduce64(b, 2, sh);
-  if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
-  {
-    const int N = R * K;  /* <= PK_NT * PK_EPT (host) */
-    const u64* rk = cand_key + (i64)row * N;
-    const u64* rc = cand_coarse + (i64)row * N;
-    const int* ri = cand_id + (i64)row * N;
-    /* padding entries (keys 0, id -1) are never among the K best: V >= K real ones */
-    u64 c[PK_EPT], e[PK_EPT]; int idv[PK_EPT];
-#pragma unroll
-    for (int q = 0; q < PK_EPT; ++q) {
-      const int i = q * PK_NT + tid;
-      const bool in = i < N;
-      e[q] = in ? __ldcg(&rk[i]) : 0;
-      c[q] = in ? (fast ? __ldcg(&rc[i]) : e[q]) : 0;
-      idv[q] = in ? __ldcg(&ri[i]) : -1;
-    }
-    auto exact = [&](int q) -> u64 { return e[q]; };
-    auto idf = [&](int q) { return idv[q]; };
-    auto at = [&](int i) -> u64 { return __ldcg(&rk[i]); };
-    auto coarse_at = [&](int i) -> u64 { return fast ? __ldcg(&rc[i]) : __ldcg(&rk[i]); };
-    auto id_at = [&](int i) { return __ldcg(&ri[i]); };
-    auto emit = [&](int rank, u64 k, int id, u64) { ok[rank] = k; oi[rank] = id; };
-    pk_select(c, exact, idf, at, coarse_at, id_at, N, K, etop, emit, ps, sh, pk_prof, -1, [](int, u64, int) {});
-  }
-  PK_STAMP(5);
-  if (tid >= 32) return;
-  /* ---- warp 0: lane j holds the support entry of rank j (j < K) ---- */
-  pk_tail(row, K, tid < K ? ok[tid] : 0, tid < K ? oi[tid] : 0x7FFFFFFF, logits, greedy, policy,
-          do_draw, kk, tokens, counts, ids, status);
-  PK_STAMP(6);
+/* Whether a row's coarse keys are float order keys of x (pk_fkey): logits without
+ * bias where x -> z = x / T is strictly increasing (-0.0 == +0.0): 2**-700 <= T <=
+ * 2**800 keeps every finite nonzero |z| in [2**-949, 2**828], normal doubles, and
+ * distinct floats (relative gap >= 2**-24) round to distinct doubles; NaN / +inf
+ * statuses then equal rank_key's.  Otherwise the coarse keys are the exact keys. */
+DC_FN bool pk_fast_row(int logits, const void* bias, double T) {
+  return logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;
 }
 
+/* Publishes the block's work (__threadfence) and counts it for its row: true in the
+ * last block of the row to finish, which resets the counter (CUDA-graph replays start
+ * at zero) and may then read every block's results.  No block waits for another. */
+DC_FN bool pk_elect_last(u32* counters, int row, int R, PkShared& ps) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
+  __syncthreads();
+  if (!ps.is_last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) counters[row] = 0;
+  return true;
+}
 
 /* ------------------------------------------------------------------------
- * pk_topk2 (DYADIC_CUDA_PK=2): the same selection with less work per block.
+ * pk_topk2 (DYADIC_CUDA_PK=2; the default where its grid is small).
  * Rows whose coarse key fits 32 bits (logits without bias in the fast T
  * range, probabilities) never form exact keys in the tile phase: a block
  * writes its survivors (coarse >= t, at most PK_CAP of them, unranked) with
@@ -452,8 +372,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk(
  * order IS the exact order, ties included).  The last block selects over
  * composite keys (coarse << 32 | ~id), unique, so its order is (key desc, id
  * asc) whatever the slot order, and forms the exact keys of the K winners
- * only (one load of x per lane).  Rows with 64-bit keys (bias, T out of the
- * fast range) rank in the tile as pk_topk does (slots in rank order).
+ * only (from the float the coarse key encodes).  Rows with 64-bit keys (bias,
+ * T out of the fast range) rank in the tile (slots in rank order).
  * Candidate slots: [B][R][PK_CAP], padding (0, -1); R * PK_CAP <= PK_NT * PK_EPT. */
 #define PK_CAP 128
 
@@ -531,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
   bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 xoff = (i64)row * V;
   const i64 boff = bias_rows > 1 ? xoff : 0;
-  const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;  /* see pk_topk */
+  const bool fast = pk_fast_row(logits, bias, T);
   const bool narrow = fast || !logits;  /* coarse keys < 2**32 */
   const int etop = narrow ? 24 : 56;
   auto exact_x = [&](float xf, i64 v) -> u64 {
@@ -567,13 +487,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
   const u64 bbad = ps.bad;
   if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
   PK_STAMP(4);
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
-  __syncthreads();
-  if (!ps.is_last) return;
-  __threadfence();
-  if (tid == 0) counters[row] = 0;
+  if (!pk_elect_last(counters, row, R, ps)) return;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
            kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }

@@ -102,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
   }
   bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 boff = bias_rows > 1 ? xoff : 0;
-  const bool fast = logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;  /* see pk_topk */
+  const bool fast = pk_fast_row(logits, bias, T);
   const bool narrow = fast || !logits;
   if (tid == 0) ps.bad = NONE_BAD;
   u64* ck = cand_key + ((i64)row * R + r) * PK_CAP;
@@ -161,13 +161,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
   const u64 bbad = ps.bad;
   if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
   PK_STAMP(4);
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
-  __syncthreads();
-  if (!ps.is_last) return;
-  __threadfence();
-  if (tid == 0) counters[row] = 0;
+  if (!pk_elect_last(counters, row, R, ps)) return;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
            kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
