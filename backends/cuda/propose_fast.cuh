@@ -377,6 +377,20 @@ DC_FN bool pk_elect_last(u32* counters, int row, int R, PkShared& ps) {
  * Candidate slots: [B][R][PK_CAP], padding (0, -1); R * PK_CAP <= PK_NT * PK_EPT. */
 #define PK_CAP 128
 
+/* The end of a tile block of pk_topk2 / pk_topk3: the candidate slots [used, PK_CAP)
+ * padded (0, -1), the block's first bad element (mybad: this thread's; the barrier first
+ * orders it after thread 0's ps.bad = NONE_BAD) into blk_bad, then pk_elect_last. */
+DC_FN bool pk_tile_done(int used, u64 mybad, u64* ck, int* ci, u64* blk_bad, u32* counters,
+                        int row, int R, int r, PkShared& ps, int pk_prof) {
+  for (int j = used + (int)threadIdx.x; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
+  __syncthreads();
+  if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
+  __syncthreads();
+  if (threadIdx.x == 0) blk_bad[(i64)row * R + r] = ps.bad;
+  PK_STAMP(4);
+  return pk_elect_last(counters, row, R, ps);
+}
+
 /* The last block of a row of pk_topk2 / pk_topk3 (the slot layout above): the
  * tiles' first bad element, the merge of the R * PK_CAP slots (loaded before the
  * bad-element reduction, so both reads are in flight together), then warp 0
@@ -478,16 +492,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
     auto emitd = [&](int slot, u64 k, int id) { ck[slot] = k; ci[slot] = id; };
     const int S = pk_select(c, key, idf, at, at, id_at, n, K, etop, emit, ps, sh, pk_prof,
                             narrow ? PK_CAP : -1, emitd);
-    const int used = S >= 0 ? S : min(K, n);
-    for (int j = used + tid; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
-    /* after pk_select's barriers: ordered after thread 0's ps.bad = NONE_BAD */
-    if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
-    __syncthreads();
+    if (!pk_tile_done(S >= 0 ? S : min(K, n), mybad, ck, ci, blk_bad, counters, row, R, r, ps,
+                      pk_prof))
+      return;
   }
-  const u64 bbad = ps.bad;
-  if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
-  PK_STAMP(4);
-  if (!pk_elect_last(counters, row, R, ps)) return;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
            kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }

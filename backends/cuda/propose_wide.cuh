@@ -154,14 +154,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
                   [&](int i, int rnk) { ck[rnk] = at(i); ci[rnk] = lo + i; }, n, sh);
     used = kk;
   }
-  for (int j = used + tid; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
-  __syncthreads();  /* ordered after thread 0's ps.bad = NONE_BAD */
-  if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
-  __syncthreads();
-  const u64 bbad = ps.bad;
-  if (tid == 0) blk_bad[(i64)row * R + r] = bbad;
-  PK_STAMP(4);
-  if (!pk_elect_last(counters, row, R, ps)) return;
+  if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof)) return;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
            kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
