@@ -568,12 +568,12 @@ class CupyBackend:
         if (top_k and int(top_k) <= _PK_KMAX and (bias is None or not logits)
                 and (_PK_MODE == "3" or (_PK_MODE == "auto" and batch * pk_tiles > _PK_SMALL))
                 and -(-v // (_PK_NT * _PK3_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT):
-            self._topk_fast3(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
-                             tokens, counts, ids, status, dev)
+            self._topk_slots(True, common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt,
+                             call, tokens, counts, ids, status, dev)
         elif (top_k and int(top_k) <= _PK_KMAX and _PK_MODE != "0"
                 and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT):
-            self._topk_fast2(common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt, call,
-                             tokens, counts, ids, status, dev)
+            self._topk_slots(False, common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt,
+                             call, tokens, counts, ids, status, dev)
         elif top_k:
             k = int(top_k)
             kc = min(k, _TILE)
@@ -614,53 +614,38 @@ class CupyBackend:
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
-    def _topk_fast2(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
-                    counts, ids, status, dev):
-        """pk_topk2 (DYADIC_CUDA_PK=2, or auto on small grids or with bias; survivors
-        written unranked, exact keys for the K winners only), tile PK_NT * PK_EPT ids,
-        R * PK_CAP candidate slots per row."""
-        pk = ("pk2", dev, batch, v, k)
+    def _topk_slots(self, wide, common, batch, v, k, policy, do_draw, kptrs, kfmt, call,
+                    tokens, counts, ids, status, dev):
+        """One launch of pk_topk2 (wide False: DYADIC_CUDA_PK=2, or auto on small grids or
+        with bias; tiles of PK_NT * PK_EPT ids) or pk_topk3 (wide: propose_wide.cuh, tiles
+        of up to PK_NT * 16 ids, _PK3_CHUNK forces one), grid (R, B), R * PK_CAP candidate
+        slots per row.  pk_topk3 also takes whether its 16-byte loads apply (x's pointer
+        16-byte aligned, V a multiple of 8 ids, 4 for float32): checked per call, the plan
+        is per shape."""
+        pk = ("pk3" if wide else "pk2", dev, batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
             chunk = _PK_NT * _PK_EPT
+            if wide:
+                cap = _PK_NT * _PK3_EPT
+                chunk = min(-(-(_PK3_CHUNK or cap) // 8) * 8, cap)
+                if -(-v // chunk) * _PK_CAP > _PK_NT * _PK_EPT:
+                    chunk = cap
             r = -(-v // chunk)
             plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
-                _kernel("pk_topk2"), (r, batch), (_PK_NT,),
+                _kernel("pk_topk3" if wide else "pk_topk2"), (r, batch), (_PK_NT,),
                 (scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
                  scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
                  scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch)))
             _PLANS[pk] = plan
         r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
-        fn.launch(grid, block, common + (
-            _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey, cid,
-            bbad, ctr, *call.many((tokens, counts, ids, status), True)))
-
-    def _topk_fast3(self, common, batch, v, k, policy, do_draw, kptrs, kfmt, call, tokens,
-                    counts, ids, status, dev):
-        """pk_topk3 (propose_wide.cuh): pk_topk2's slots and last block, tiles of up to
-        PK_NT * 16 ids, 16-byte loads when the rows are 16-byte aligned (x's pointer, and
-        V a multiple of 8 ids, 4 for float32; checked per call: the plan is per shape,
-        the pointer per call)."""
-        pk = ("pk3", dev, batch, v, k)
-        plan = _PLANS.get(pk)
-        if plan is None:
-            cap = _PK_NT * _PK3_EPT
-            chunk = min(-(-(_PK3_CHUNK or cap) // 8) * 8, cap)
-            if -(-v // chunk) * _PK_CAP > _PK_NT * _PK_EPT:
-                chunk = cap
-            r = -(-v // chunk)
-            plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
-                _kernel("pk_topk3"), (r, batch), (_PK_NT,),
-                (scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
-                 scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
-                 scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch)))
-            _PLANS[pk] = plan
-        r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
-        x_ptr, x_code = common[0], common[1]
-        vec = x_ptr % 16 == 0 and v % (4 if x_code == 0 else 8) == 0
-        fn.launch(grid, block, common + (
-            _I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs, _I32[kfmt], ckey, cid,
-            bbad, ctr, *call.many((tokens, counts, ids, status), True), _I32[int(vec)]))
+        args = common + (_I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs,
+                         _I32[kfmt], ckey, cid, bbad, ctr,
+                         *call.many((tokens, counts, ids, status), True))
+        if wide:
+            vec = common[0] % 16 == 0 and v % (4 if common[1] == 0 else 8) == 0
+            args += (_I32[int(vec)],)
+        fn.launch(grid, block, args)
 
     # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
     _DA_RS = 144
