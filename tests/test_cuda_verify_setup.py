@@ -38,8 +38,9 @@ def test_lazy_kernel_by_grid(batch, kernel, monkeypatch):
     where the grid does not fit 3 blocks per SM (B = 64: 8 tiles, 512 blocks > 396)."""
     monkeypatch.setattr(cupy_backend, "_VF_KERNEL", "")
     v, nsm = 129280, 132
-    vt = cupy_backend._tile_for(v, batch, nsm, cupy_backend._VF_VTCAP, cupy_backend._VF_BPS)
+    vt = cupy_backend._vf_tile(v, batch, nsm)
     nt = -(-v // vt)
+    assert vt % 1024 == 0 and 2048 <= vt <= 32768 and nt <= 128
     assert cupy_backend._vf_kernel(nt, batch, nsm) == kernel
     monkeypatch.setattr(cupy_backend, "_VF_KERNEL", "dc_vfused")
     assert cupy_backend._vf_kernel(nt, batch, nsm) == "dc_vfused"

@@ -23,7 +23,7 @@ Launch structure:
   (ceil(V / 8192), B)); DYADIC_CUDA_PK=auto (default) / 2 / 3 / 0
   (``dc_topk``): per-thread coarse keys in registers, a bound from the
   warps' sorted maxima, survivors kept; the last block of the row (atomic
-  counter after ``__threadfence``) merges the candidates and runs the
+  counter after a release fence, ``dc_elect_last``) merges the candidates and runs the
   allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
   (ceil(V / 2048), B), radix select / rank counting per tile, same merge
   pattern.  No block waits for another.
@@ -124,6 +124,10 @@ _VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "16384"))
 # 46.1-46.3 against 46.8-47.1 / 47.4-47.6; B=16 24.2 / 25.1 against 23.7 / 24.6 and B=1 19.6 /
 # 20.5 against 18.7 / 19.4 (where dc_vfused stays).  DYADIC_CUDA_VF_KERNEL forces one.
 _VF_KERNEL = os.environ.get("DYADIC_CUDA_VF_KERNEL", "")
+# at least 2048 ids per tile (B = 1 at V = 129280: 64 tiles instead of 127, fewer tile
+# records for the last block; H200 2026-12-01, one run, dense / top-32 q: 16.4 / 17.1 us
+# against 18.6 / 19.5; B = 4 already has 64 tiles).
+_VF_MINT = int(os.environ.get("DYADIC_CUDA_VF_MINT", "2048"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 _VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
@@ -295,6 +299,13 @@ def _num_sms():
 def _vf_kernel(nt, batch, nsm):
     """The lazy verify kernel for a grid of nt x batch blocks on nsm SMs (_VF_KERNEL)."""
     return _VF_KERNEL or ("dc_vfused_r64" if nt * batch > 3 * nsm else "dc_vfused")
+
+
+def _vf_tile(v, batch, nsm):
+    """dc_vfused's tile length: about _VF_BPS blocks per SM, at least _VF_MINT ids, at most
+    _VF_VTCAP, and at most VF_MAXT = 128 tiles per row."""
+    return max(_VF_MINT, _tile_for(v, batch, nsm, _VF_VTCAP, _VF_BPS),
+               -(-v // (128 * 1024)) * 1024)
 
 
 def _tile_for(v, rows, nsm, cap, per_sm=4):
@@ -845,8 +856,7 @@ class CupyBackend:
         pk = ("verify_lazy_fused", dev, batch, k1, v)
         plan = _PLANS.get(pk)
         if plan is None:
-            vt = max(_tile_for(v, batch, _num_sms(), _VF_VTCAP, _VF_BPS),
-                     -(-v // (128 * 1024)) * 1024)  # at most 128 tiles
+            vt = _vf_tile(v, batch, _num_sms())
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
             nch = (v + 63) // 64
             plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP], _I32[batch <= _LAZY_PRE])

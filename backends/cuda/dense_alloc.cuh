@@ -18,7 +18,7 @@
  *             shared memory; the tile's fine histogram is stored (plain
  *             stores, fine[row][tile]), its 256 coarse bins (d >> 3) are added
  *             to the row's global coarse histogram (atomics).  The last block
- *             of the row (atomic counter after __threadfence) computes
+ *             of the row (atomic counter after a release fence, dc_elect_last) computes
  *             remaining = 2^24 - sum q, the status, the coarse boundary bin,
  *             then sums that bin's 8 fine bins over the tiles: the boundary
  *             bin `bin` and need2 = how many of it are still to be taken
@@ -110,14 +110,7 @@ DC_FN void da_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, F 
 
 DC_FN bool da_last(u64* st, int slot) {
   __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&st[slot], 1ull) == (u64)(gridDim.x - 1);
-  __syncthreads();
-  if (!is_last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) st[slot] = 0;
-  return true;
+  return dc_elect_last(&st[slot], (u64)gridDim.x, &is_last);
 }
 
 /* status code of the row after da2_max (0 = fine) */

@@ -22,6 +22,18 @@ typedef unsigned short u16;
 
 #define DC_FN static __device__ __forceinline__
 
+/* -DDC_PROF (DYADIC_CUDA_PROF=1): %globaltimer stamps in dc_prof, read by
+ * tools/gpu_stamps.py.  Slots 0-31: propose (propose_fast.cuh), 32-63: lazy verify
+ * (verify_fused.cuh). */
+#ifdef DC_PROF
+__device__ unsigned long long dc_prof[64];
+DC_FN unsigned long long dc_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 /* ----------------------------------------------------------- conversions */
 DC_FN float load_f(const void* p, int dt, i64 i) {
   if (dt == 0) return ((const float*)p)[i];
@@ -103,6 +115,30 @@ struct DcShared {
   int need, done, cutoff, found;
   dy_u128 x;
 };
+
+/* The last-block election of a kernel that splits a row over n blocks: every block
+ * calls it (all threads) after writing its partial results; it returns true, the same
+ * in all threads, in the one block that arrives last at *counter, which then sees every
+ * block's writes, and resets *counter to 0 there (graph replays start at zero).  The
+ * barrier orders the block's writes before thread 0, whose fence.acq_rel.gpu before the
+ * atomic releases them (the fence is cumulative) and, in the last block, after the
+ * atomic acquires the other blocks': the pattern of cooperative groups' grid sync, one
+ * fence per block instead of a __threadfence in every thread.  flag: a shared int. */
+template <class C>  /* u32 or u64 counters */
+DC_FN bool dc_elect_last(C* counter, C n, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    const bool last = atomicAdd(counter, (C)1) == n - 1;
+    if (last) {
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      *counter = 0;
+    }
+    *flag = last;
+  }
+  __syncthreads();
+  return *flag != 0;
+}
 
 DC_FN u64 warp_sum64(u64 v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o); return v; }
 DC_FN u64 warp_max64(u64 v) { for (int o = 16; o; o >>= 1) { u64 w = __shfl_xor_sync(0xffffffffu, v, o); v = w > v ? w : v; } return v; }

@@ -37,7 +37,7 @@ DC_FN void fail_sparse(int row, int W, int code, int* tokens, u32* counts, int* 
  * Sparse (top-k) allocate / propose: one launch, grid (ntiles, B).
  * Each block ranks a tile of TILE ids, keeps its Kc = min(K, TILE) best
  * (key desc, id asc) as candidates, then the last block of the row (atomic
- * counter after __threadfence) selects the K best of all candidates,
+ * counter after a release fence, dc_elect_last) selects the K best of all candidates,
  * computes weights, allocates 2**24 tickets and draws.  No block waits for
  * another. */
 extern "C" __global__ void __launch_bounds__(256) dc_topk(
@@ -96,13 +96,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
                   [&](int i, int r) { ck[r] = tk[i]; ci[r] = base + i; }, TILE, sh);
   }
   if (tid == 0) tile_bad[(i64)row * ntiles + tile] = sbad;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) is_last = (atomicAdd(&counters[row], 1u) == (u32)ntiles - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (tid == 0) counters[row] = 0;
+  if (!dc_elect_last(&counters[row], (u32)ntiles, &is_last)) return;
 
   /* ---- last block of the row: final reduction ---- */
   const int N = ntiles * Kc;
@@ -454,7 +448,7 @@ extern "C" __global__ void dc_vchain(
 }
 
 /* verify 1+2 fused: grid (B * (k + 1), ntiles); the last block of a request
- * (atomic counter after __threadfence; reset by that block, so CUDA-graph
+ * (atomic counter after a release fence, dc_elect_last; reset by that block, so CUDA-graph
  * replays start at zero) runs the acceptance chain with its first warp.
  * No block waits for another. */
 extern "C" __global__ void __launch_bounds__(256) dc_vpart_chain(
@@ -466,13 +460,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vpart_chain(
   __shared__ int is_last;
   const int r = blockIdx.x, tile = blockIdx.y, b = r / (k + 1);
   vpart_body(r, tile, sh, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&vcnt[b], 1u) == (u32)((k + 1) * ntiles - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) vcnt[b] = 0;
+  if (!dc_elect_last(&vcnt[b], (u32)((k + 1) * ntiles), &is_last)) return;
   if (threadIdx.x < 32) vchain_body(b, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
 }
 
@@ -611,7 +599,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
 }
 
 /* verify 3+4 fused: grid (nrt, B); the last block of a request (atomic
- * counter after __threadfence, reset by that block) draws X and finds the
+ * counter after a release fence, dc_elect_last, reset by that block) draws X and finds the
  * token.  Requests without a residual row return at once in every block. */
 extern "C" __global__ void __launch_bounds__(256) dc_vresid_fused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
@@ -622,13 +610,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vresid_fused(
   const int tile = blockIdx.x, b = blockIdx.y;
   if (res_row[b] < 0) return;
   vrpart_body(tile, b, sh, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&rcnt[b], 1u) == (u32)(nrt - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) rcnt[b] = 0;
+  if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
   vrdraw_body(b, sh, target, draft, qc, qi, W, k, V, nrt, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, rpart, accepted, tokens, status);
 }
 
@@ -714,13 +696,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_v1(
   /* grid (ntiles, rows): consecutive blocks read consecutive tiles of a row */
   const int tile = blockIdx.x, r = blockIdx.y, b = r / (k + 1);
   v1_body(r, tile, vt, vec, s1, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&vcnt[b], 1u) == (u32)((k + 1) * ntiles - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) vcnt[b] = 0;
+  if (!dc_elect_last(&vcnt[b], (u32)((k + 1) * ntiles), &is_last)) return;
   if (threadIdx.x < 32) vchain_body(b, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
 }
 
@@ -855,13 +831,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_v2(
   const int i = res_row[b];
   if (i < 0) return;
   v2_part(tile, b, rt, vec_t, vec_q, s1, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&rcnt[b], 1u) == (u32)(nrt - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) rcnt[b] = 0;
+  if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
   ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
@@ -923,7 +893,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_v2(
  *   dd_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd, u64)
  *   dd_floor: counts = floor(2^24 w / S), remainders -> scratch, sum of floors,
  *             histogram of the first 12-bit remainder digit; the last block of
- *             the row (atomic counter after __threadfence) fixes remaining /
+ *             the row (atomic counter after a release fence, dc_elect_last) fixes remaining /
  *             status / the first digit of the remainder threshold
  *   dd_pass:  (up to 5 launches) the next 12-bit digit among remainders equal
  *             on the digits so far (global histogram, last block picks the bin)
@@ -938,14 +908,7 @@ enum { DD_MK = 0, DD_BAD, DD_ARG, DD_S, DD_SB, DD_CODE, DD_PREFIX, DD_MASK, DD_N
 
 DC_FN bool dd_last(u64* st, int slot) {
   __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&st[slot], 1ull) == (u64)(gridDim.x - 1);
-  __syncthreads();
-  if (!is_last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) st[slot] = 0;
-  return true;
+  return dc_elect_last(&st[slot], (u64)gridDim.x, &is_last);
 }
 
 /* status code of the row after dd_max (0 = fine) */

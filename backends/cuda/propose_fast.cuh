@@ -40,9 +40,7 @@
 
 /* -DDC_PROF: %globaltimer stamps of row 0 (block 0, then the last block) in dc_prof */
 #ifdef DC_PROF
-__device__ u64 dc_prof[32];
-#define PK_STAMP(i) do { if (pk_prof >= 0 && threadIdx.x == 0) { \
-    u64 t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); dc_prof[(i) + pk_prof] = t_; } } while (0)
+#define PK_STAMP(i) do { if (pk_prof >= 0 && threadIdx.x == 0) dc_prof[(i) + pk_prof] = dc_now(); } while (0)
 #else
 #define PK_STAMP(i) do { } while (0)
 #endif
@@ -349,18 +347,11 @@ DC_FN bool pk_fast_row(int logits, const void* bias, double T) {
   return logits && bias == 0 && T >= 0x1p-700 && T <= 0x1p800;
 }
 
-/* Publishes the block's work (__threadfence) and counts it for its row: true in the
+/* Publishes the block's work (dc_elect_last: a release fence) and counts it for its row: true in the
  * last block of the row to finish, which resets the counter (CUDA-graph replays start
  * at zero) and may then read every block's results.  No block waits for another. */
 DC_FN bool pk_elect_last(u32* counters, int row, int R, PkShared& ps) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) ps.is_last = (atomicAdd(&counters[row], 1u) == (u32)R - 1);
-  __syncthreads();
-  if (!ps.is_last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) counters[row] = 0;
-  return true;
+  return dc_elect_last(&counters[row], (u32)R, &ps.is_last);
 }
 
 /* ------------------------------------------------------------------------

@@ -28,7 +28,7 @@
  *      chunks); every ambiguous id goes to the row's list (P, id, c; one
  *      atomic per warp), and a chunk whose ambiguous id finds the list full
  *      (acap entries) gets a dirty bit.
- *   3. the last block of the request (atomic counter after __threadfence,
+ *   3. the last block of the request (atomic counter after a release fence, dc_elect_last,
  *      reset by that block: graph replays start at zero): the exact T and
  *      status of each candidate row, lz_walk (thread 0: accepted, tokens,
  *      status, the residual row R; the list counters of the candidate rows
@@ -61,6 +61,24 @@
 #define VF_TLO24 ((1ull << 38) - (1ull << 28))  /* TLO / 2^24 */
 #define VF_TREC 6                            /* u64 words per tile record */
 
+/* -DDC_PROF: %globaltimer stamps of request 0 in dc_prof[32..63] (tools/gpu_stamps.py):
+ * 32 + 0..3 tile 0 (start, tests done, tiles done, counter taken), 32 + 8..16 the last
+ * block (counter taken, totals, walk, list count, list, dirty chunks, tile found, id
+ * picked, end), 32 + 17 its start; 62 the earliest start of any block, 63 the latest
+ * arrival at the counter. */
+#ifdef DC_PROF
+#define VF_STAMP(c, i) do { if (b == 0 && threadIdx.x == 0 && (c)) dc_prof[32 + (i)] = dc_now(); } while (0)
+#define VF_PROF_START() const u64 vf_t0_ = dc_now(); \
+  if (b == 0 && threadIdx.x == 0) atomicMin(&dc_prof[62], vf_t0_)
+#define VF_PROF_ARRIVE() do { if (b == 0 && threadIdx.x == 0) atomicMax(&dc_prof[63], dc_now()); } while (0)
+#define VF_PROF_LAST() do { if (b == 0 && threadIdx.x == 0) dc_prof[32 + 17] = vf_t0_; } while (0)
+#else
+#define VF_STAMP(c, i) do { } while (0)
+#define VF_PROF_START() do { } while (0)
+#define VF_PROF_ARRIVE() do { } while (0)
+#define VF_PROF_LAST() do { } while (0)
+#endif
+
 struct VfShared {
   LzShared z;
   u64 csp[VF_MAXCT], csc[VF_MAXCT];
@@ -70,7 +88,7 @@ struct VfShared {
   u64 whi[8], wlo[8];
   u32 wbad[8];
   int jR, R;
-  u32 na;
+  u32 na[LZ_MAXK + 1];  /* the last block: each candidate row's list length */
   u64 TR;
 };
 
@@ -241,7 +259,8 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
       h += s.whi[w]; l += s.wlo[w]; b |= s.wbad[w];
       P += s.csp[w]; C += s.csc[w]; n += s.cdirty[w];
     }
-    trec[0] = h; trec[1] = l; trec[2] = b; trec[3] = P; trec[4] = C; trec[5] = n;
+    ulonglong2* tr = (ulonglong2*)trec;  /* 48 bytes: 16-byte aligned */
+    tr[0] = make_ulonglong2(h, l); tr[1] = make_ulonglong2(b, P); tr[2] = make_ulonglong2(C, n);
   }
   __syncthreads();
 }
@@ -262,6 +281,8 @@ DC_FN void vf_kernel(
   __shared__ VfShared s;
   const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
+  VF_PROF_START();
+  VF_STAMP(tile == 0, 0);
   DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
   if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   const int lo = tile * vt, hi = min(V, lo + vt);
@@ -275,6 +296,7 @@ DC_FN void vf_kernel(
   }
   /* 1. the tests and the candidate rows */
   const int ncand = lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
+  VF_STAMP(tile == 0, 1);
   /* 2. one pass over each candidate row's tile */
   for (int j = 0; j < ncand; ++j) {
     const int i = s.z.cand[j];
@@ -287,24 +309,33 @@ DC_FN void vf_kernel(
             vec && (!dense || vec_q), s);
   }
   /* 3. the last block of the request */
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s.z.is_last = atomicAdd(&cnt[b], 1u) == (u32)(nt - 1);
-  __syncthreads();
-  if (!s.z.is_last) return;
-  __threadfence();
-  if (tid == 0) cnt[b] = 0;
+  VF_STAMP(tile == 0, 2);
+  VF_PROF_ARRIVE();
+  const bool last = dc_elect_last(&cnt[b], (u32)nt, &s.z.is_last);
+  VF_STAMP(tile == 0, 3);
+  if (!last) return;
+  VF_STAMP(true, 8);
+  VF_PROF_LAST();
   for (int j = wid; j < ncand; j += 8) {  /* exact T and status of each candidate row */
-    const u64* tr = tpart + ((i64)b * k1 + s.z.cand[j]) * nt * VF_TREC;
+    const i64 rj = (i64)b * k1 + s.z.cand[j];
+    const ulonglong2* tr = (const ulonglong2*)(tpart + rj * nt * VF_TREC);
+    if (lane == 0) s.na[j] = min(__ldcg(&acnt[rj]), (u32)acap);  /* its list's length */
     u64 h = 0, l = 0; u32 bd = 0;
     const bool keep = j == ncand - 1;  /* the residual row unless an AMB test rejects */
-    for (int t = lane; t < nt; t += 32) {
-      h += __ldcg(&tr[t * VF_TREC]); l += __ldcg(&tr[t * VF_TREC + 1]);
-      bd |= (u32)__ldcg(&tr[t * VF_TREC + 2]);
-      if (keep) {
-        s.tsp[t] = __ldcg(&tr[t * VF_TREC + 3]);
-        s.tsc[t] = __ldcg(&tr[t * VF_TREC + 4]);
-        s.tnd[t] = (u32)__ldcg(&tr[t * VF_TREC + 5]);
+    for (int t0 = 0; t0 < nt; t0 += 64) {  /* 2 records per lane in flight */
+      ulonglong2 rec[2][3];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int t = t0 + lane + 32 * u;
+#pragma unroll
+        for (int e = 0; e < 3; ++e)
+          rec[u][e] = t < nt ? __ldcg(&tr[t * (VF_TREC / 2) + e]) : make_ulonglong2(0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int t = t0 + lane + 32 * u;
+        h += rec[u][0].x; l += rec[u][0].y; bd |= (u32)rec[u][1].x;
+        if (keep && t < nt) { s.tsp[t] = rec[u][1].y; s.tsc[t] = rec[u][2].x; s.tnd[t] = (u32)rec[u][2].y; }
       }
     }
     h = warp_sum64(h); l = warp_sum64(l);
@@ -318,15 +349,15 @@ DC_FN void vf_kernel(
     }
   }
   __syncthreads();
+  VF_STAMP(true, 9);
   if (tid == 0) {
     int jR = 0; u64 TR = 0;
     s.R = lz_walk(s.z, k, key, tokens + (i64)b * k1, accepted + b, status + b, &jR, &TR);
     s.jR = jR; s.TR = TR;
   }
   __syncthreads();
+  VF_STAMP(true, 10);
   const int R = s.R;
-  if (tid == 0) s.na = R >= 0 ? min(__ldcg(&acnt[(i64)b * k1 + R]), (u32)acap) : 0u;
-  __syncthreads();
   for (int j = tid; j < ncand; j += 256) acnt[(i64)b * k1 + s.z.cand[j]] = 0;  /* replays start at 0 */
   if (R < 0) return;
   const u64 T = s.TR;
@@ -336,9 +367,9 @@ DC_FN void vf_kernel(
   u64* rch = rchunk + 2 * row * nch;
   if (s.jR != ncand - 1) {  /* an AMB test was rejected: that row's tile sums */
     for (int t = tid; t < nt; t += 256) {
-      s.tsp[t] = __ldcg(&trR[t * VF_TREC + 3]);
-      s.tsc[t] = __ldcg(&trR[t * VF_TREC + 4]);
-      s.tnd[t] = (u32)__ldcg(&trR[t * VF_TREC + 5]);
+      const ulonglong2* tr = (const ulonglong2*)(trR + t * VF_TREC);
+      const ulonglong2 r1 = __ldcg(&tr[1]), r2 = __ldcg(&tr[2]);
+      s.tsp[t] = r1.y; s.tsc[t] = r2.x; s.tnd[t] = (u32)r2.y;
     }
   }
   ResRow r;
@@ -346,17 +377,29 @@ DC_FN void vf_kernel(
   r.qcr = dense ? qc + ((i64)b * k + R) * V : (sparse ? qc + ((i64)b * k + R) * W : 0);
   r.qir = sparse ? qi + ((i64)b * k + R) * W : 0;
   r.nv = W;
-  if (sparse && tid == 0) {  /* res_setup's count of valid ids (ascending, then -1 padding) */
-    int l = 0, h = W;
-    while (l < h) { const int m = (l + h) >> 1; if (r.qir[m] >= 0) l = m + 1; else h = m; }
-    s.z.ncand = l;  /* reused: the walk is done */
+  if (sparse) {  /* res_setup's count of valid ids (ascending, then -1 padding): thread 0's
+    * binary search, over the ids staged in shared memory when they fit (one round of
+    * loads instead of log2 W dependent ones; s.cdirty is free after the tile phase) */
+    const bool staged = W <= VF_MAXCT;
+    if (staged)
+      for (int j = tid; j < W; j += 256) s.cdirty[j] = (u32)__ldg(&r.qir[j]);
+    __syncthreads();
+    if (tid == 0) {
+      int l = 0, h = W;
+      while (l < h) {
+        const int m = (l + h) >> 1;
+        if ((staged ? (int)s.cdirty[m] : r.qir[m]) >= 0) l = m + 1; else h = m;
+      }
+      s.z.ncand = l;  /* reused: the walk is done */
+    }
   }
   __syncthreads();
   if (sparse) r.nv = s.z.ncand;
+  VF_STAMP(true, 11);
   /* the listed ambiguous ids of row R, in parallel: (P, c) into their tile and chunk sums
    * where R_v > 0 for the exact T (u64 sums: exact at the end) */
   {
-    const u32 na = s.na;
+    const u32 na = s.na[s.jR];
     const u64* al = alist + 2 * row * acap;
     for (u32 e = tid; e < na; e += 256) {
       const u64 P = __ldcg(&al[2 * e]), w = __ldcg(&al[2 * e + 1]);
@@ -370,8 +413,8 @@ DC_FN void vf_kernel(
       }
     }
   }
-  __threadfence();
   __syncthreads();
+  VF_STAMP(true, 12);
   /* dirty chunks (ids that did not fit in the list): summed again exactly, warp per tile */
   const int cpt = vt / VF_CH;
   for (int t = wid; t < nt; t += 8) {
@@ -396,8 +439,8 @@ DC_FN void vf_kernel(
     }
     if (lane == 0) { s.tsp[t] += dp; s.tsc[t] += dc; }
   }
-  __threadfence();
-  __syncthreads();
+  __syncthreads();  /* the block's own global writes: a barrier suffices */
+  VF_STAMP(true, 13);
   if (wid != 0) return;
   /* warp 0: the draw (lane 0, thread 0's key of step 1) and the search (dc_vres2's) */
   const DcKey& rk = key;
@@ -408,6 +451,7 @@ DC_FN void vf_kernel(
         return dy_uniform_below_u128(tot, rk.seed, rk.gen, rk.rnd, rk.pos + R, DY_DOMAIN_CORRECTION,
                                      &idx, px) == DY_ST_OK;
       }, dy_make128(0, 0), &x1);
+  VF_STAMP(true, 14);
   int j = -1;
   if (jt >= 0) {
     const int cf = jt * cpt, nc = min(nch, cf + cpt) - cf;
@@ -417,11 +461,13 @@ DC_FN void vf_kernel(
       }, nc, false, [&](dy_u128, dy_u128*) { return false; }, x1, &x2);
     if (jc >= 0) j = lr_pick(r, (cf + jc) * VF_CH, V, x2);
   }
+  VF_STAMP(true, 15);
   if (lane == 0) {
     int* tok = tokens + (i64)b * k1;
     if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tok[q] = -1; }
     else tok[R] = j;
   }
+  VF_STAMP(true, 16);
 }
 
 /* The kernel at most 80 registers (3 blocks per SM; 40 bytes of spills) and at most 64

@@ -36,7 +36,7 @@
  *      that REJ row (or the bonus row k when no REJ / BAD comes first).  Each
  *      block sums its tile of every candidate row (split sums as
  *      dy_target_row_total, validity flag) into part[(b, row, tile)].
- *   3. the last block of the request (atomic counter after __threadfence,
+ *   3. the last block of the request (atomic counter after a release fence, dc_elect_last,
  *      reset by that block: graph replays start at zero) forms the exact T
  *      and status of each candidate row (one warp per row) and walks the
  *      chain exactly (thread 0): ACC -> accept; BAD -> fail with its code;

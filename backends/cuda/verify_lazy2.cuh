@@ -264,12 +264,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
     for (int w = 0; w < 8; ++w) { P += s.sp[w]; C += s.sc[w]; }
     lr_st(rpart + 2 * (i64)b * nrt, tile, lr_val(P, C, T, bonus));
   }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s.is_last = atomicAdd(&rcnt[b], 1u) == (u32)(nrt - 1);
-  __syncthreads();
-  if (!s.is_last || wid > 1) return;
-  __threadfence();
+  if (!dc_elect_last(&rcnt[b], (u32)nrt, &s.is_last) || wid > 1) return;
   const u32* qcr = sparse ? qc + ((i64)b * k + i) * W : (dense ? qrow : 0);
   const int* qir = sparse ? qi + ((i64)b * k + i) * W : 0;
   if (wid == 1) {  /* sparse: res_setup's count of valid ids, beside warp 0's search */
@@ -285,7 +280,6 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
     return;
   }
   /* warp 0 */
-  if (lane == 0) rcnt[b] = 0;
   DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
   if (lane == 0) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   dy_u128 x1, x2;
@@ -535,13 +529,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy2(
     }
   }
   /* 3. the last block of the request */
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s.is_last = atomicAdd(&cnt[b], 1u) == (u32)(nt - 1);
-  __syncthreads();
-  if (!s.is_last) return;
-  __threadfence();
-  if (tid == 0) cnt[b] = 0;
+  if (!dc_elect_last(&cnt[b], (u32)nt, &s.is_last)) return;
   for (int j = wid; j < ncand; j += 8) {
     const i64 o = ((i64)b * k1 + s.cand[j]) * nt;
     dy_u128 sum = dy_make128(0, 0); u32 bad = 0;
