@@ -3,14 +3,16 @@
 #   tools/gpu_suite.sh [quick|full]     logs to $OUT/log.txt (default OUT=./gpu-out)
 # quick: build + parity tests; full: + tools/gpu_bench.py (graph replay, eager host
 # overhead, profile) + python -m dyadic.bench on the GPU backends.
-# Each stage has its own timeout (env: CUDA_T, NUMBA_T, FUZZ_T, GB_T, HOST_T, BENCH_T) so one
+# Each stage has its own timeout (env: CUDA_T, LAZY2_T, NUMBA_T, FUZZ_T, GB_T, HOST_T, BENCH_T) so one
 # run fits a device lease; the stage order puts the cuda parity and the graph
 # benchmark first.
 set -o pipefail
 MODE=${1:-full}
 # STAGES: which stages run, in this order (default below; cudaradix / gbradix: the
 # legacy dc_topk A/B runs, on request)
-STAGES=${STAGES:-"build cuda numba fuzz gb host bench"}
+# lazy2: the lazy verify tests on the two-launch kernels (dc_vlazy2 + dc_vres2, taken for
+# vocabularies above 128 x 32768 ids), forced with DYADIC_CUDA_LAZY=2
+STAGES=${STAGES:-"build cuda lazy2 numba fuzz gb host bench"}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -45,6 +47,11 @@ PY
       tests/test_gpu_dense_alloc.py tests/test_gpu_bench_timing.py tests/test_launch_pack.py \
       tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
+  fi
+  if has lazy2; then stamp "lazy verify, two launches (DYADIC_CUDA_LAZY=2)"
+  DYADIC_CUDA_LAZY=2 timeout ${LAZY2_T:-120} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
+      -p no:cacheprovider tests/test_gpu_verify_lazy.py 2>&1 | tail -${TAIL:-10}
+  echo "lazy2 exit: $?"
   fi
   if has cudaradix; then stamp "cuda parity, radix top-k + CuPy launch path (DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split)"
   DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \

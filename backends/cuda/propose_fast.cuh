@@ -265,7 +265,8 @@ DC_FN u64 pk_load_keys(const void* x, int xdt, i64 xoff, int lo, int n, bool fas
  * entries in id order, the draw: the integer arithmetic of dc_topk.  kk: the
  * row's RNG key (pk_key: loaded before the merge, so its latency overlaps it). */
 DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int policy,
-                   int do_draw, const DcKey& kk, int* tokens, u32* counts, int* ids, int* status) {
+                   int do_draw, const DcKey& kk, int* tokens, u32* counts, int* ids, int* status,
+                   int pk_prof) {
   const int lane = threadIdx.x & 31;
   const bool act = lane < K;
   const u64 mk = __shfl_sync(0xffffffffu, key, 0);
@@ -286,12 +287,15 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   int pos = 0;
 #pragma unroll
   for (int i = 0; i < 32; ++i) pos += i < K && __shfl_sync(0xffffffffu, id, i) < id;
+  PK_STAMP(7);
   const u64 w = act ? weight_of_key(key, mk, logits) : 0;
   const u64 S = warp_sum64(w);
+  PK_STAMP(8);
   const u64 m = (u64)DY_TOTAL * w;
   u64 c = m / S;
   const u64 rem = m - c * S;
   const i64 remaining = (i64)DY_TOTAL - (i64)warp_sum64(c);
+  PK_STAMP(9);
   if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
     fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status);
     return;
@@ -310,6 +314,7 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
       c += (u64)remaining;
     }
   }
+  PK_STAMP(10);
   /* nonzero entries in id order, then zeros / -1 */
   const bool nzj = act && c != 0;
   int outi = 0, nz = 0; u64 cum = 0;
@@ -322,6 +327,7 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
     cum += pi <= pos ? cv : 0;
   }
   if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
+  PK_STAMP(11);
   for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
   if (do_draw) {
     const u32 x0 = key_ticket(kk);
@@ -438,7 +444,9 @@ DC_FN void pk2_last(
     if (fast) key = rank_key(pk_fval((u32)(ok[tid] >> 32)), 0, 0, 0, T, logits, &bad);
     else key = narrow ? ok[tid] >> 32 : ok[tid];
   }
-  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status);
+  PK_STAMP(12);
+  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status,
+          pk_prof);
   PK_STAMP(6);
 }
 

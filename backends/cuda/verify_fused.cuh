@@ -90,6 +90,8 @@ struct VfShared {
   int jR, R;
   u32 na[LZ_MAXK + 1];  /* the last block: each candidate row's list length */
   u64 TR;
+  DcKey key;     /* the last block: thread 0's key */
+  u32 rw[32][4]; /* the last block: the CORRECTION draw's Philox blocks, indices 0..31 */
 };
 
 /* One id: its P into the row-total split sums and validity; if DEFINITE selected,
@@ -316,6 +318,7 @@ DC_FN void vf_kernel(
   if (!last) return;
   VF_STAMP(true, 8);
   VF_PROF_LAST();
+  if (tid == 0) s.key = key;
   for (int j = wid; j < ncand; j += 8) {  /* exact T and status of each candidate row */
     const i64 rj = (i64)b * k1 + s.z.cand[j];
     const ulonglong2* tr = (const ulonglong2*)(tpart + rj * nt * VF_TREC);
@@ -360,6 +363,9 @@ DC_FN void vf_kernel(
   const int R = s.R;
   for (int j = tid; j < ncand; j += 256) acnt[(i64)b * k1 + s.z.cand[j]] = 0;  /* replays start at 0 */
   if (R < 0) return;
+  if (wid == 1)  /* the draw's first 32 Philox blocks, ahead of warp 0's search */
+    dy_philox_block(s.key.seed, s.key.gen, s.key.rnd, s.key.pos + (u32)R, DY_DOMAIN_CORRECTION,
+                    (u32)lane, s.rw[lane]);
   const u64 T = s.TR;
   const bool bonus = R == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
   const i64 row = (i64)b * k1 + R;
@@ -373,23 +379,25 @@ DC_FN void vf_kernel(
     }
   }
   ResRow r;
-  r.t = target + row * V; r.T = T; r.bonus = bonus; r.d = bonus ? -1 : draft[(i64)b * k + R];
+  r.t = target + row * V; r.T = T; r.bonus = bonus; r.d = bonus ? -1 : s.z.d[R];
   r.qcr = dense ? qc + ((i64)b * k + R) * V : (sparse ? qc + ((i64)b * k + R) * W : 0);
   r.qir = sparse ? qi + ((i64)b * k + R) * W : 0;
   r.nv = W;
   if (sparse) {  /* res_setup's count of valid ids (ascending, then -1 padding): thread 0's
-    * binary search, over the ids staged in shared memory when they fit (one round of
-    * loads instead of log2 W dependent ones; s.cdirty is free after the tile phase) */
-    const bool staged = W <= VF_MAXCT;
-    if (staged)
-      for (int j = tid; j < W; j += 256) s.cdirty[j] = (u32)__ldg(&r.qir[j]);
-    __syncthreads();
+    * binary search; the support staged in shared memory when it fits (one round of
+    * loads instead of log2 W dependent ones here and in every q_at below; s.cdirty and
+    * s.csp are free after the tile phase) */
+    if (W <= VF_MAXCT) {
+      for (int j = tid; j < W; j += 256) {
+        s.cdirty[j] = (u32)__ldg(&r.qir[j]);
+        ((u32*)s.csp)[j] = __ldg(&r.qcr[j]);
+      }
+      r.qir = (const int*)s.cdirty; r.qcr = (const u32*)s.csp;
+      __syncthreads();
+    }
     if (tid == 0) {
       int l = 0, h = W;
-      while (l < h) {
-        const int m = (l + h) >> 1;
-        if ((staged ? (int)s.cdirty[m] : r.qir[m]) >= 0) l = m + 1; else h = m;
-      }
+      while (l < h) { const int m = (l + h) >> 1; if (r.qir[m] >= 0) l = m + 1; else h = m; }
       s.z.ncand = l;  /* reused: the walk is done */
     }
   }
@@ -413,11 +421,13 @@ DC_FN void vf_kernel(
       }
     }
   }
-  __syncthreads();
+  int mydirty = 0;
+  for (int t = tid; t < nt; t += 256) mydirty |= s.tnd[t] != 0;
+  const bool dirty = __syncthreads_or(mydirty);
   VF_STAMP(true, 12);
   /* dirty chunks (ids that did not fit in the list): summed again exactly, warp per tile */
   const int cpt = vt / VF_CH;
-  for (int t = wid; t < nt; t += 8) {
+  for (int t = wid; dirty && t < nt; t += 8) {
     if (!s.tnd[t]) continue;
     const int cf = t * cpt, nc = min(nch, cf + cpt) - cf;
     u64 dp = 0, dc = 0;
@@ -439,25 +449,29 @@ DC_FN void vf_kernel(
     }
     if (lane == 0) { s.tsp[t] += dp; s.tsc[t] += dc; }
   }
-  __syncthreads();  /* the block's own global writes: a barrier suffices */
+  if (dirty) __syncthreads();  /* the block's own global writes: a barrier suffices */
   VF_STAMP(true, 13);
   if (wid != 0) return;
-  /* warp 0: the draw (lane 0, thread 0's key of step 1) and the search (dc_vres2's) */
-  const DcKey& rk = key;
+  /* warp 0: the draw (warp 1's Philox blocks, lr_uniform_below) and the search (dc_vres2's) */
   dy_u128 x1, x2;
   const int jt = lr_find([&](int q) { return lr_val(s.tsp[q], s.tsc[q], T, bonus); }, nt, true,
       [&](dy_u128 tot, dy_u128* px) {
-        u32 idx = 0;
-        return dy_uniform_below_u128(tot, rk.seed, rk.gen, rk.rnd, rk.pos + R, DY_DOMAIN_CORRECTION,
-                                     &idx, px) == DY_ST_OK;
+        return lr_uniform_below(tot, s.rw[lane], s.key, s.key.pos + (u32)R, DY_DOMAIN_CORRECTION, px);
       }, dy_make128(0, 0), &x1);
   VF_STAMP(true, 14);
   int j = -1;
   if (jt >= 0) {
     const int cf = jt * cpt, nc = min(nch, cf + cpt) - cf;
+    if (vt <= 4096) {  /* the tile's rows into L1 while its chunk is found (<= 4 lines per lane) */
+      const int lo = jt * vt, nl = (min(V, lo + vt) - lo + 31) / 32;
+      for (int l = lane; l < nl; l += 32) {
+        asm volatile("prefetch.global.L1 [%0];" :: "l"(r.t + lo + 32 * l));
+        if (dense) asm volatile("prefetch.global.L1 [%0];" :: "l"(r.qcr + lo + 32 * l));
+      }
+    }
     const int jc = lr_find([&](int q) {
-        const u64* p = rch + 2 * (i64)(cf + q);
-        return lr_val(__ldcg(p), __ldcg(p + 1) & ~VF_DIRTY, T, bonus);
+        const ulonglong2 w = __ldcg((const ulonglong2*)(rch + 2 * (i64)(cf + q)));
+        return lr_val(w.x, w.y & ~VF_DIRTY, T, bonus);
       }, nc, false, [&](dy_u128, dy_u128*) { return false; }, x1, &x2);
     if (jc >= 0) j = lr_pick(r, (cf + jc) * VF_CH, V, x2);
   }

@@ -75,9 +75,29 @@ DC_FN dy_u128 lr_scan(dy_u128 v) {  /* warp inclusive scan */
   return v;
 }
 
+/* dy_uniform_below_u128 (draw indices from 0) by one warp: lane j takes draw index
+ * base + j, w0 its block at base 0 (computed ahead, e.g. by another warp), the blocks
+ * of later bases (probability <= 2**-32 each) computed here; the first accepted index
+ * wins, so x is the sequential loop's.  Every lane returns the same. */
+DC_FN int lr_uniform_below(dy_u128 n, const u32* w0, const DcKey& key, u32 pos, u32 domain,
+                           dy_u128* out) {
+  const int lane = threadIdx.x & 31;
+  const dy_u128 mask = dy_mask128(dy_bitlen128(dy_sub128(n, dy_from64(1))));
+  for (u32 base = 0; base <= DY_MAX_DRAW_INDEX; base += 32) {
+    u32 w[4];
+    if (base == 0) { w[0] = w0[0]; w[1] = w0[1]; w[2] = w0[2]; w[3] = w0[3]; }
+    else dy_philox_block(key.seed, key.gen, key.rnd, pos, domain, base + lane, w);
+    const dy_u128 x = dy_and128(dy_make128((u64)w[2] | ((u64)w[3] << 32), (u64)w[0] | ((u64)w[1] << 32)), mask);
+    const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x, n) && base + lane <= DY_MAX_DRAW_INDEX);
+    if (bal) { *out = lr_shfl(x, __ffs(bal) - 1); return 1; }
+  }
+  return 0;
+}
+
 /* One warp: j in [0, n) with S(j) <= x < S(j + 1), S the prefix sums of the
  * 128-bit values load(0..n) (load(j): the j-th value); *off = x - S(j).  With first, x is drawn below the
- * total first (lane 0, drawx; zero total or exhaustion: -1).  -1 when x is not
+ * total first (drawx(total, &x), called by every lane with the same total, returns
+ * the same in every lane; a zero total or exhaustion: -1).  -1 when x is not
  * below the total.  Every lane returns the same. */
 template <class LD, class D>
 DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) {
@@ -96,11 +116,7 @@ DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) 
 #pragma unroll 4
     for (int j = 32 * LR_PL + lane; j < n; j += 32) ex = dy_add128(ex, load(j));
     const dy_u128 tot = dy_add128(lr_shfl(inc, 31), warp_sum128(ex));
-    int ok = 0;
-    if (lane == 0) ok = !dy_is_zero128(tot) && drawx(tot, &x);
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    if (!ok) return -1;
-    x = lr_shfl(x, 0);
+    if (dy_is_zero128(tot) || !drawx(tot, &x)) return -1;
   }
   dy_u128 base = dy_make128(0, 0);
   for (int p0 = 0;;) {
@@ -285,10 +301,12 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
   dy_u128 x1, x2;
   const u64* rp = rpart + 2 * (i64)b * nrt;
   const int jt = lr_find([&](int q) { return lr_ld(rp, q); }, nrt, true,
-      [&](dy_u128 tot, dy_u128* px) {
-        u32 idx = 0;
-        return dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
-                                     &idx, px) == DY_ST_OK;
+      [&](dy_u128 tot, dy_u128* px) {  /* lane 0 draws (its key), then broadcasts */
+        u32 idx = 0; int ok = 0; dy_u128 xx = dy_make128(0, 0);
+        if (lane == 0) ok = dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i,
+                                                  DY_DOMAIN_CORRECTION, &idx, &xx) == DY_ST_OK;
+        *px = lr_shfl(xx, 0);
+        return __shfl_sync(0xffffffffu, ok, 0);
       }, dy_make128(0, 0), &x1);
   int j = -1;
   if (jt >= 0) {
