@@ -7,8 +7,9 @@ Run on the GPU with DYADIC_CUDA_PROF=1 (the module is then built with -DDC_PROF)
 propose (pk_topk2 / pk_topk3, top-32 bf16): row 0's stamps in ns from the start of its
 block 0: tile phase (1 maxima, 2 K-th largest, 3 survivors compacted, 4 candidates
 written), last block (16 start, 17-19 the same steps over the candidates, 21 merge
-done) and its one-warp tail (28 exact keys, 23 weights and their sum, 24 floors, 25
-remainders ranked, 26 counts written, 22 drawn).
+done, 22 tail done) and the one-warp tail's clock64 cycles from its start (1 positions in
+id order, 2 weights and their sum, 3 floors, 4 remainders ranked, 5 counts written, 6
+drawn).
 
 verify (dc_vfused / dc_vfused_r64, k = 5, dense q, check="lazy"): request 0's stamps in
 ns from the earliest block start: tile 0 (0 start, 1 tests done, 2 tiles done, 3 counter
@@ -32,7 +33,7 @@ WHAT = sys.argv[1:] or ["propose", "verify"]
 
 def prof():
     import cupy
-    return cupy.ndarray((64,), dtype=cupy.uint64, memptr=cb.module().get_global("dc_prof"))
+    return cupy.ndarray((96,), dtype=cupy.uint64, memptr=cb.module().get_global("dc_prof"))
 
 
 def keys(B):
@@ -61,7 +62,7 @@ def propose(B):
     r = a[:32] - a[0]
     print(f"propose B={B}: tile " + " ".join(f"{i}:{r[i]:.0f}" for i in (1, 2, 3, 4))
           + " | last " + " ".join(f"{i}:{r[i]:.0f}" for i in (16, 17, 18, 19, 21))
-          + " | tail " + " ".join(f"{i}:{r[i]:.0f}" for i in (28, 23, 24, 25, 26, 27, 22)),
+          + f" 22:{r[22]:.0f} | tail cycles " + " ".join(f"{i}:{a[64 + i]:.0f}" for i in range(1, 7)),
           flush=True)
 
 

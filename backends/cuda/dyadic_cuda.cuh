@@ -24,9 +24,9 @@ typedef unsigned short u16;
 
 /* -DDC_PROF (DYADIC_CUDA_PROF=1): %globaltimer stamps in dc_prof, read by
  * tools/gpu_stamps.py.  Slots 0-31: propose (propose_fast.cuh), 32-63: lazy verify
- * (verify_fused.cuh). */
+ * (verify_fused.cuh), 64-79: clock64 cycles inside propose's one-warp tail. */
 #ifdef DC_PROF
-__device__ unsigned long long dc_prof[64];
+__device__ unsigned long long dc_prof[96];
 DC_FN unsigned long long dc_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

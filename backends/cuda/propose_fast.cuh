@@ -41,8 +41,16 @@
 /* -DDC_PROF: %globaltimer stamps of row 0 (block 0, then the last block) in dc_prof */
 #ifdef DC_PROF
 #define PK_STAMP(i) do { if (pk_prof >= 0 && threadIdx.x == 0) dc_prof[(i) + pk_prof] = dc_now(); } while (0)
+/* clock64 cycles of the tail's steps (row 0), kept in registers, written at its end */
+#define PK_CLK_DECL u64 pk_ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#define PK_CLK(i) do { if (pk_prof >= 0) pk_ck[i] = clock64(); } while (0)
+#define PK_CLK_PUT() do { if (pk_prof >= 0 && threadIdx.x == 0) \
+    for (int i_ = 1; i_ < 8; ++i_) dc_prof[64 + i_] = pk_ck[i_] - pk_ck[0]; } while (0)
 #else
 #define PK_STAMP(i) do { } while (0)
+#define PK_CLK_DECL
+#define PK_CLK(i) do { } while (0)
+#define PK_CLK_PUT() do { } while (0)
 #endif
 
 struct PkShared {
@@ -283,19 +291,21 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
     if (lane == 0) { status[row] = 0; if (do_draw) tokens[row] = argmax; }
     return;
   }
+  PK_CLK_DECL
+  PK_CLK(0);
   /* position in id order (the loops over lanes are unrolled: independent shuffles) */
   int pos = 0;
 #pragma unroll
   for (int i = 0; i < 32; ++i) pos += i < K && __shfl_sync(0xffffffffu, id, i) < id;
-  PK_STAMP(7);
+  PK_CLK(1);
   const u64 w = act ? weight_of_key(key, mk, logits) : 0;
   const u64 S = warp_sum64(w);
-  PK_STAMP(8);
+  PK_CLK(2);
   const u64 m = (u64)DY_TOTAL * w;
   u64 c = m / S;
   const u64 rem = m - c * S;
   const i64 remaining = (i64)DY_TOTAL - (i64)warp_sum64(c);
-  PK_STAMP(9);
+  PK_CLK(3);
   if (remaining < 0 || remaining >= (i64)DY_TOTAL) {
     fail_sparse(row, W, DY_ST_ALLOC_INCONSISTENT, do_draw ? tokens : 0, counts, ids, status);
     return;
@@ -314,7 +324,7 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
       c += (u64)remaining;
     }
   }
-  PK_STAMP(10);
+  PK_CLK(4);
   /* nonzero entries in id order, then zeros / -1 */
   const bool nzj = act && c != 0;
   int outi = 0, nz = 0; u64 cum = 0;
@@ -327,7 +337,7 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
     cum += pi <= pos ? cv : 0;
   }
   if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
-  PK_STAMP(11);
+  PK_CLK(5);
   for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
   if (do_draw) {
     const u32 x0 = key_ticket(kk);
@@ -342,6 +352,8 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
     if (lane == 0) tokens[row] = best == 0x7FFFFFFF ? -1 : bid;
   }
   if (lane == 0) status[row] = 0;
+  PK_CLK(6);
+  PK_CLK_PUT();
 }
 
 /* Whether a row's coarse keys are float order keys of x (pk_fkey): logits without
@@ -444,7 +456,6 @@ DC_FN void pk2_last(
     if (fast) key = rank_key(pk_fval((u32)(ok[tid] >> 32)), 0, 0, 0, T, logits, &bad);
     else key = narrow ? ok[tid] >> 32 : ok[tid];
   }
-  PK_STAMP(12);
   pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status,
           pk_prof);
   PK_STAMP(6);
