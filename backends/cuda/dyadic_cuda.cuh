@@ -140,9 +140,24 @@ DC_FN bool dc_elect_last(C* counter, C n, int* flag) {
   return *flag != 0;
 }
 
-DC_FN u64 warp_sum64(u64 v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o); return v; }
-DC_FN u64 warp_max64(u64 v) { for (int o = 16; o; o >>= 1) { u64 w = __shfl_xor_sync(0xffffffffu, v, o); v = w > v ? w : v; } return v; }
-DC_FN u64 warp_min64(u64 v) { for (int o = 16; o; o >>= 1) { u64 w = __shfl_xor_sync(0xffffffffu, v, o); v = w < v ? w : v; } return v; }
+/* Warp reductions of u64 (all 32 lanes), by the 32-bit redux.sync of sm_80+ instead of
+ * 5 levels of two shuffles: the sum (mod 2**64) from its 22 / 21 / 21-bit parts, each
+ * part's sum < 2**27; the max / min from the high words, then the low words of the lanes
+ * that hold the extreme high word. */
+DC_FN u64 warp_sum64(u64 v) {
+  const u64 s0 = __reduce_add_sync(0xffffffffu, (u32)(v & 0x3FFFFFu));
+  const u64 s1 = __reduce_add_sync(0xffffffffu, (u32)((v >> 22) & 0x1FFFFFu));
+  const u64 s2 = __reduce_add_sync(0xffffffffu, (u32)(v >> 43));
+  return s0 + (s1 << 22) + (s2 << 43);
+}
+DC_FN u64 warp_max64(u64 v) {
+  const u32 h = __reduce_max_sync(0xffffffffu, (u32)(v >> 32));
+  return ((u64)h << 32) | __reduce_max_sync(0xffffffffu, (u32)(v >> 32) == h ? (u32)v : 0u);
+}
+DC_FN u64 warp_min64(u64 v) {
+  const u32 h = __reduce_min_sync(0xffffffffu, (u32)(v >> 32));
+  return ((u64)h << 32) | __reduce_min_sync(0xffffffffu, (u32)(v >> 32) == h ? (u32)v : 0xFFFFFFFFu);
+}
 DC_FN dy_u128 warp_sum128(dy_u128 v) {
   for (int o = 16; o; o >>= 1) {
     dy_u128 w = dy_make128(__shfl_xor_sync(0xffffffffu, v.hi, o), __shfl_xor_sync(0xffffffffu, v.lo, o));
