@@ -14,8 +14,9 @@ drawn).
 verify (dc_vfused / dc_vfused_r64, k = 5, dense q, check="lazy"): request 0's stamps in
 ns from the earliest block start: tile 0 (0 start, 1 tests done, 2 tiles done, 3 counter
 taken), the latest arrival at the counter (arr), the last block (its start, 8 counter
-taken, 9 row totals, 10 walk, 11 list count, 12 list, 13 dirty chunks, 14 tile found,
-15 id picked, 16 end).  Medians over 5 calls after a warm-up, B = 1, 4, 64.
+taken, 16 end) and its steps in clock64 cycles from the counter (1 row totals, 2 walk,
+3 setup, 4 list, 5 dirty chunks, 6 tile found, 7 chunk found, 8 id picked, 9 end).
+Medians over 5 calls after a warm-up, B = 1, 4, 64.
 """
 import os
 import sys
@@ -84,8 +85,8 @@ def verify(B):
     acc = res["v"].accepted[0].item()
     print(f"verify B={B} (request 0 accepted {acc}): tile0 "
           + " ".join(f"{i}:{r[i]:.0f}" for i in (0, 1, 2, 3)) + f" arr:{a[63] - a[62]:.0f}"
-          + f" | last start:{r[17]:.0f} " + " ".join(f"{i}:{r[i]:.0f}" for i in range(8, 17)),
-          flush=True)
+          + f" | last start:{r[17]:.0f} 8:{r[8]:.0f} 16:{r[16]:.0f} | last cycles "
+          + " ".join(f"{i}:{a[80 + i]:.0f}" for i in range(1, 10)), flush=True)
 
 
 for B in (1, 4, 64):

@@ -293,11 +293,12 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   }
   PK_CLK_DECL
   PK_CLK(0);
+  const u32 x0 = do_draw ? key_ticket(kk) : 0u;  /* independent of the rest: overlaps it */
   /* The loops over the 32 entries read them from shared memory (broadcast, 16 bytes per
    * load): 32 shuffles per loop took ~1700-3150 cycles on the H200, these ~10x fewer.
    * Only warp 0 of a block runs the tail. */
-  __shared__ __align__(16) int tl_i[32];  /* ids, then positions in id order */
-  __shared__ __align__(16) u64 tl_u[32];  /* remainders, then counts */
+  __shared__ __align__(16) int tl_i[32];  /* ids, then (count << 5 | position) */
+  __shared__ __align__(16) u64 tl_u[32];  /* ranking keys of the remainders */
   /* position in id order */
   tl_i[lane] = id;
   __syncwarp();
@@ -307,8 +308,7 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
     const int4 q = *(const int4*)&tl_i[i];
     pos += (i < K && q.x < id) + (i + 1 < K && q.y < id) + (i + 2 < K && q.z < id) + (i + 3 < K && q.w < id);
   }
-  __syncwarp();
-  tl_i[lane] = pos;
+  __syncwarp();  /* tl_i is rewritten below */
   PK_CLK(1);
   const u64 w = act ? weight_of_key(key, mk, logits) : 0;
   const u64 S = warp_sum64(w);
@@ -324,15 +324,15 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   }
   if (remaining > 0) {
     if (policy == 0) {
-      tl_u[lane] = rem;
+      /* rank of (rem desc, pos asc) as one u64: rem < S <= 32 * 2**39, pos < 32 */
+      const u64 rk = (rem << 5) | (u64)(31 - pos);
+      tl_u[lane] = rk;
       __syncwarp();
       int rank = 0;
 #pragma unroll
       for (int i = 0; i < 32; i += 2) {
         const ulonglong2 r2 = *(const ulonglong2*)&tl_u[i];
-        const int2 p2 = *(const int2*)&tl_i[i];
-        rank += i < K && (r2.x > rem || (r2.x == rem && p2.x < pos));
-        rank += i + 1 < K && (r2.y > rem || (r2.y == rem && p2.y < pos));
+        rank += (i < K && r2.x > rk) + (i + 1 < K && r2.y > rk);
       }
       __syncwarp();
       if (act && rank < (int)remaining) c += 1;
@@ -343,31 +343,28 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   PK_CLK(4);
   /* nonzero entries in id order, then zeros / -1 */
   const bool nzj = act && c != 0;
-  tl_u[lane] = act ? c : 0;
+  tl_i[lane] = (int)(((u32)(act ? c : 0) << 5) | (u32)pos);  /* c <= 2**24, pos < 32 */
   __syncwarp();
-  int outi = 0, nz = 0; u64 cum = 0;
+  int outi = 0, nz = 0; u32 cum = 0;
 #pragma unroll
-  for (int i = 0; i < 32; i += 2) {
-    const ulonglong2 c2 = *(const ulonglong2*)&tl_u[i];
-    const int2 p2 = *(const int2*)&tl_i[i];
-    nz += (c2.x != 0) + (c2.y != 0);
-    outi += (c2.x != 0 && p2.x < pos) + (c2.y != 0 && p2.y < pos);
-    cum += (p2.x <= pos ? c2.x : 0) + (p2.y <= pos ? c2.y : 0);
+  for (int i = 0; i < 32; i += 4) {
+    const uint4 q = *(const uint4*)&tl_i[i];
+    const u32 e[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const u32 cv = e[u] >> 5, pi = e[u] & 31u;
+      nz += cv != 0;
+      outi += cv != 0 && (int)pi < pos;
+      cum += (int)pi <= pos ? cv : 0u;  /* <= 2**24 */
+    }
   }
   if (nzj) { crow[outi] = (u32)c; irow[outi] = id; }
   PK_CLK(5);
   for (int j = nz + lane; j < W; j += 32) { crow[j] = 0; irow[j] = -1; }
   if (do_draw) {
-    const u32 x0 = key_ticket(kk);
-    /* the first entry in id order whose running count exceeds x0 */
-    const int hit = nzj && cum > (u64)x0 ? pos : 0x7FFFFFFF;
-    int best = hit, bid = id;
-    for (int o = 16; o; o >>= 1) {
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oid = __shfl_xor_sync(0xffffffffu, bid, o);
-      if (ob < best) { best = ob; bid = oid; }
-    }
-    if (lane == 0) tokens[row] = best == 0x7FFFFFFF ? -1 : bid;
+    /* the first entry in id order whose running count exceeds x0: min of (pos, id) */
+    const u64 best = warp_min64(nzj && cum > x0 ? ((u64)pos << 32) | (u32)id : ~0ull);
+    if (lane == 0) tokens[row] = best == ~0ull ? -1 : (int)(u32)best;
   }
   if (lane == 0) status[row] = 0;
   PK_CLK(6);

@@ -63,16 +63,25 @@
 
 /* -DDC_PROF: %globaltimer stamps of request 0 in dc_prof[32..63] (tools/gpu_stamps.py):
  * 32 + 0..3 tile 0 (start, tests done, tiles done, counter taken), 32 + 8..16 the last
- * block (counter taken, totals, walk, list count, list, dirty chunks, tile found, id
- * picked, end), 32 + 17 its start; 62 the earliest start of any block, 63 the latest
- * arrival at the counter. */
+ * block (counter taken, then its end), 32 + 17 its start; 62 the earliest start of any
+ * block, 63 the latest arrival at the counter; 81-89 the last block's steps in clock64
+ * cycles from the counter (totals, walk, setup, list, dirty chunks, tile found, chunk
+ * found, id picked, end). */
 #ifdef DC_PROF
 #define VF_STAMP(c, i) do { if (b == 0 && threadIdx.x == 0 && (c)) dc_prof[32 + (i)] = dc_now(); } while (0)
 #define VF_PROF_START() const u64 vf_t0_ = dc_now(); \
   if (b == 0 && threadIdx.x == 0) atomicMin(&dc_prof[62], vf_t0_)
 #define VF_PROF_ARRIVE() do { if (b == 0 && threadIdx.x == 0) atomicMax(&dc_prof[63], dc_now()); } while (0)
 #define VF_PROF_LAST() do { if (b == 0 && threadIdx.x == 0) dc_prof[32 + 17] = vf_t0_; } while (0)
+/* the last block's steps in clock64 cycles (thread 0's registers, written at the end) */
+#define VF_CLK_DECL u64 vf_ck[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+#define VF_CLK(i) do { if (b == 0) vf_ck[i] = clock64(); } while (0)
+#define VF_CLK_PUT() do { if (b == 0 && threadIdx.x == 0) \
+    for (int i_ = 1; i_ < 10; ++i_) dc_prof[80 + i_] = vf_ck[i_] - vf_ck[0]; } while (0)
 #else
+#define VF_CLK_DECL
+#define VF_CLK(i) do { } while (0)
+#define VF_CLK_PUT() do { } while (0)
 #define VF_STAMP(c, i) do { } while (0)
 #define VF_PROF_START() do { } while (0)
 #define VF_PROF_ARRIVE() do { } while (0)
@@ -91,7 +100,7 @@ struct VfShared {
   u32 na[LZ_MAXK + 1];  /* the last block: each candidate row's list length */
   u64 TR;
   DcKey key;     /* the last block: thread 0's key */
-  u32 rw[32][4]; /* the last block: the CORRECTION draw's Philox blocks, indices 0..31 */
+  u32 rw[32][4]; /* the last block: the CORRECTION draw's Philox blocks, indices 0..31 (warp 7) */
 };
 
 /* One id: its P into the row-total split sums and validity; if DEFINITE selected,
@@ -318,6 +327,8 @@ DC_FN void vf_kernel(
   if (!last) return;
   VF_STAMP(true, 8);
   VF_PROF_LAST();
+  VF_CLK_DECL
+  VF_CLK(0);
   if (tid == 0) s.key = key;
   for (int j = wid; j < ncand; j += 8) {  /* exact T and status of each candidate row */
     const i64 rj = (i64)b * k1 + s.z.cand[j];
@@ -352,20 +363,17 @@ DC_FN void vf_kernel(
     }
   }
   __syncthreads();
-  VF_STAMP(true, 9);
+  VF_CLK(1);
   if (tid == 0) {
     int jR = 0; u64 TR = 0;
     s.R = lz_walk(s.z, k, key, tokens + (i64)b * k1, accepted + b, status + b, &jR, &TR);
     s.jR = jR; s.TR = TR;
   }
   __syncthreads();
-  VF_STAMP(true, 10);
+  VF_CLK(2);
   const int R = s.R;
   for (int j = tid; j < ncand; j += 256) acnt[(i64)b * k1 + s.z.cand[j]] = 0;  /* replays start at 0 */
   if (R < 0) return;
-  if (wid == 1)  /* the draw's first 32 Philox blocks, ahead of warp 0's search */
-    dy_philox_block(s.key.seed, s.key.gen, s.key.rnd, s.key.pos + (u32)R, DY_DOMAIN_CORRECTION,
-                    (u32)lane, s.rw[lane]);
   const u64 T = s.TR;
   const bool bonus = R == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
   const i64 row = (i64)b * k1 + R;
@@ -403,7 +411,7 @@ DC_FN void vf_kernel(
   }
   __syncthreads();
   if (sparse) r.nv = s.z.ncand;
-  VF_STAMP(true, 11);
+  VF_CLK(3);
   /* the listed ambiguous ids of row R, in parallel: (P, c) into their tile and chunk sums
    * where R_v > 0 for the exact T (u64 sums: exact at the end) */
   {
@@ -421,10 +429,13 @@ DC_FN void vf_kernel(
       }
     }
   }
+  if (wid == 7)  /* the draw's first 32 Philox blocks, while the list's loads are in flight */
+    dy_philox_block(s.key.seed, s.key.gen, s.key.rnd, s.key.pos + (u32)R, DY_DOMAIN_CORRECTION,
+                    (u32)lane, s.rw[lane]);
   int mydirty = 0;
   for (int t = tid; t < nt; t += 256) mydirty |= s.tnd[t] != 0;
   const bool dirty = __syncthreads_or(mydirty);
-  VF_STAMP(true, 12);
+  VF_CLK(4);
   /* dirty chunks (ids that did not fit in the list): summed again exactly, warp per tile */
   const int cpt = vt / VF_CH;
   for (int t = wid; dirty && t < nt; t += 8) {
@@ -450,7 +461,7 @@ DC_FN void vf_kernel(
     if (lane == 0) { s.tsp[t] += dp; s.tsc[t] += dc; }
   }
   if (dirty) __syncthreads();  /* the block's own global writes: a barrier suffices */
-  VF_STAMP(true, 13);
+  VF_CLK(5);
   if (wid != 0) return;
   /* warp 0: the draw (warp 1's Philox blocks, lr_uniform_below) and the search (dc_vres2's) */
   dy_u128 x1, x2;
@@ -458,7 +469,7 @@ DC_FN void vf_kernel(
       [&](dy_u128 tot, dy_u128* px) {
         return lr_uniform_below(tot, s.rw[lane], s.key, s.key.pos + (u32)R, DY_DOMAIN_CORRECTION, px);
       }, dy_make128(0, 0), &x1);
-  VF_STAMP(true, 14);
+  VF_CLK(6);
   int j = -1;
   if (jt >= 0) {
     const int cf = jt * cpt, nc = min(nch, cf + cpt) - cf;
@@ -473,15 +484,18 @@ DC_FN void vf_kernel(
         const ulonglong2 w = __ldcg((const ulonglong2*)(rch + 2 * (i64)(cf + q)));
         return lr_val(w.x, w.y & ~VF_DIRTY, T, bonus);
       }, nc, false, [&](dy_u128, dy_u128*) { return false; }, x1, &x2);
+    VF_CLK(7);
     if (jc >= 0) j = lr_pick(r, (cf + jc) * VF_CH, V, x2);
   }
-  VF_STAMP(true, 15);
+  VF_CLK(8);
   if (lane == 0) {
     int* tok = tokens + (i64)b * k1;
     if (j < 0) { status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0; for (int q = 0; q <= k; ++q) tok[q] = -1; }
     else tok[R] = j;
   }
+  VF_CLK(9);
   VF_STAMP(true, 16);
+  VF_CLK_PUT();
 }
 
 /* The kernel at most 80 registers (3 blocks per SM; 40 bytes of spills) and at most 64

@@ -112,10 +112,13 @@ DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) 
   }
   dy_u128 inc = lr_scan(s);
   if (first) {
-    dy_u128 ex = dy_make128(0, 0);  /* ids beyond the first pass (n > 32 LR_PL) */
+    dy_u128 tot = lr_shfl(inc, 31);
+    if (n > 32 * LR_PL) {  /* ids beyond the first pass (warp-uniform test) */
+      dy_u128 ex = dy_make128(0, 0);
 #pragma unroll 4
-    for (int j = 32 * LR_PL + lane; j < n; j += 32) ex = dy_add128(ex, load(j));
-    const dy_u128 tot = dy_add128(lr_shfl(inc, 31), warp_sum128(ex));
+      for (int j = 32 * LR_PL + lane; j < n; j += 32) ex = dy_add128(ex, load(j));
+      tot = dy_add128(tot, warp_sum128(ex));
+    }
     if (dy_is_zero128(tot) || !drawx(tot, &x)) return -1;
   }
   dy_u128 base = dy_make128(0, 0);
