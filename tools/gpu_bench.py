@@ -92,7 +92,7 @@ def main():
         qd = torch.softmax(3 * z[:, None, :].expand(B, k, V) + 0.5 * torch.randn(B, k, V, device=dev, generator=g), -1)
         qdy = dyadic.allocate(qd, backend="cuda")
         qsp = dyadic.allocate(qd, top_k=32, backend="cuda")
-        draft = torch.multinomial(qd.reshape(-1, V), 1).reshape(B, k).to(torch.int32)
+        draft = torch.multinomial(qd.reshape(-1, V), 1, generator=g).reshape(B, k).to(torch.int32)
         dsp = torch.gather(qsp.ids, -1, torch.zeros(B, k, 1, dtype=torch.int64, device=dev)).reshape(B, k)
         vout = {"accepted": torch.empty(B, dtype=torch.int32, device=dev),
                 "tokens": torch.empty(B, k + 1, dtype=torch.int32, device=dev),
