@@ -74,6 +74,17 @@ def _as_torch(a):
     return torch.as_tensor(a, device="cuda"), "cupy"
 
 
+def _host_tensor(a, device=None):
+    """``torch.as_tensor(a, device=device)`` for host data, without torch's warning about
+    non-writable NumPy arrays: a read-only array (a Dyadic's fields are read-only) is
+    copied by ``torch.tensor`` instead of shared (nothing here writes to it; the copy to
+    the device is made either way)."""
+    torch = _TORCH or _torch()
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        return torch.tensor(a, device=device)
+    return torch.as_tensor(a, device=device)
+
+
 def _back(t, kind):
     if kind == "cupy":
         import cupy
@@ -301,7 +312,7 @@ def _x_bias(x, bias, name, be):
     b2 = None
     if bias is not None:
         if not isinstance(bias, torch.Tensor):
-            bias = torch.as_tensor(np.asarray(bias))
+            bias = _host_tensor(np.asarray(bias))
         bias = bias.to(x.device)
         _float_dtype(bias, "bias")
         if bias.dtype != torch.float32 and not getattr(be, "reads_half_precision", False):
@@ -449,7 +460,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
         if check and d.numel():
             _check_draft(d, v)
     else:
-        d, _ = _as_torch(draft) if not isinstance(draft, np.ndarray) else (torch.as_tensor(draft), "")
+        d, _ = _as_torch(draft) if not isinstance(draft, np.ndarray) else (_host_tensor(draft), "")
         d = d.to(dev)
         if d.is_floating_point():
             raise TypeError(f"draft: dtype {_arrays.dtype_name(d)} is not an integer dtype")
@@ -467,10 +478,10 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             _validate.verify_q(q, b, k1 - 1, v)  # raises for the rule q breaks
         qc = q._counts
         if not _on(qc, didx, torch):
-            qc = torch.as_tensor(qc, device=dev).contiguous()
+            qc = _host_tensor(qc, dev).contiguous()
         qi = q._ids
         if qi is not None and not _on(qi, didx, torch):
-            qi = torch.as_tensor(qi, device=dev).contiguous()
+            qi = _host_tensor(qi, dev).contiguous()
     if greedy is None:  # cached zeros per (device, B): no allocation or memset per call
         g = _ZEROS_U8.get((dev, b))
         if g is None:
@@ -478,7 +489,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             if not torch.cuda.is_current_stream_capturing():  # zeroed only at replay there
                 _ZEROS_U8[(dev, b)] = g
     else:
-        g = torch.as_tensor(greedy, device=dev)
+        g = _host_tensor(greedy, dev)
         if g.dtype != torch.bool:
             raise TypeError(f"greedy: dtype {_arrays.dtype_name(g)} is not bool")
         if tuple(g.shape) != (b,):
