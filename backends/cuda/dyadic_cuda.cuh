@@ -24,7 +24,8 @@ typedef unsigned short u16;
 
 /* -DDC_PROF (DYADIC_CUDA_PROF=1): %globaltimer stamps in dc_prof, read by
  * tools/gpu_stamps.py.  Slots 0-31: propose (propose_fast.cuh), 32-63: lazy verify
- * (verify_fused.cuh), 64-79: clock64 cycles inside propose's one-warp tail. */
+ * (verify_fused.cuh), 64-79: clock64 cycles inside propose's one-warp tail, 80-89:
+ * clock64 cycles of dc_vfused's last block. */
 #ifdef DC_PROF
 __device__ unsigned long long dc_prof[96];
 DC_FN unsigned long long dc_now() {

@@ -463,7 +463,7 @@ DC_FN void vf_kernel(
   if (dirty) __syncthreads();  /* the block's own global writes: a barrier suffices */
   VF_CLK(5);
   if (wid != 0) return;
-  /* warp 0: the draw (warp 1's Philox blocks, lr_uniform_below) and the search (dc_vres2's) */
+  /* warp 0: the draw (warp 7's Philox blocks, lr_uniform_below) and the search (dc_vres2's) */
   dy_u128 x1, x2;
   const int jt = lr_find([&](int q) { return lr_val(s.tsp[q], s.tsc[q], T, bonus); }, nt, true,
       [&](dy_u128 tot, dy_u128* px) {
@@ -498,9 +498,9 @@ DC_FN void vf_kernel(
   VF_CLK_PUT();
 }
 
-/* The kernel at most 80 registers (3 blocks per SM; 40 bytes of spills) and at most 64
- * (4 blocks per SM; 168 bytes): the host takes dc_vfused_r64 when the grid has more
- * blocks than 3 per SM (B = 64 at V = 129280: 45.1 against 46.8 us), dc_vfused else. */
+/* The kernel at most 80 registers (3 blocks per SM) and at most 64 (4 blocks per SM);
+ * ptxas (nvcc 13, 2026-12-01): 8 and 16 bytes of spill stores.  The host takes
+ * dc_vfused_r64 when the grid has more blocks than 3 per SM (B = 64 at V = 129280: 45.1 against 46.8 us), dc_vfused else. */
 extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
