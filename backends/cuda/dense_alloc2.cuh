@@ -324,27 +324,39 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     const u32 one = code ? 0u : DY_TOTAL;
     for (int v = lo + tid; v < hi; v += 256) __stcs(&crow[v], v == argmax ? one : 0u);
   } else if (kind == DA_K_CAND) {
-    /* q + [d > bin]; the bin's elements appended (warp-aggregated slot) */
+    /* q + [d > bin]; the bin's elements appended (warp-aggregated slot).  The common
+     * path keeps one bit per element (d == bin); the append (ballot, slot, r again)
+     * runs only for the groups where some lane of the warp has such an element, so
+     * the per-element loop holds no u64 remainder past its own iteration (fewer live
+     * registers) and issues one vote per group instead of one per element. */
     const u32 thr = bin + 1;
     da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
       da2_tile<2, 2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
         constexpr int n = decltype(NN)::n;
         u32 c[n];
+        u32 inbin = 0;
 #pragma unroll
         for (int e = 0; e < n; ++e) {
-          const int v = v0 + e;
           u64 r;
-          const u32 q = da_div(R, W(xs[e], ok ? v : lo), &r);  /* no bias read past hi */
+          const u32 q = da_div(R, W(xs[e], ok ? v0 + e : lo), &r);  /* no bias read past hi */
           const u32 d = (u32)(r >> R.dlo);
           c[e] = q + (d >= thr ? 1u : 0u);
-          const bool is = ok && d == bin;
-          const unsigned bal = __ballot_sync(0xffffffffu, is);
-          if (bal) {
+          inbin |= (ok && d == bin ? 1u : 0u) << e;
+        }
+        if (__any_sync(0xffffffffu, inbin)) {
+#pragma unroll
+          for (int e = 0; e < n; ++e) {
+            const bool is = (inbin >> e) & 1u;
+            const unsigned bal = __ballot_sync(0xffffffffu, is);
+            if (!bal) continue;
             const int leader = __ffs(bal) - 1;
             u32 base = 0;
             if (lane == leader) base = (u32)atomicAdd(&st[DA_SLOT], (u64)__popc(bal));
             base = __shfl_sync(0xffffffffu, base, leader);
             if (is) {
+              const int v = v0 + e;
+              u64 r;
+              da_div(R, W(xs[e], v), &r);
               const u32 p = base + (u32)__popc(bal & ((1u << lane) - 1u));
               if (p < DA_CAP) { cr[p] = r - rbase; ci[p] = (u32)v; }
             }
