@@ -189,7 +189,6 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
   for (int j = tid; j < DA_NB; j += 256) hs[j] = 0;
   __syncthreads();
   u32 sbt = 0;
-  u32 lastd = 0xFFFFFFFFu, run = 0;
   da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
     da2_tile<2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {
       constexpr int n = decltype(NN)::n;
@@ -199,14 +198,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
         u64 r;
         sbt += da_div(R, W(xs[e], v0 + e), &r);
         if (hist) {
-          const u32 d = (u32)(r >> R.dlo);
-          if (d == lastd) ++run;
-          else { if (run) atomicAdd(&hs[lastd], run); lastd = d; run = 1; }
+          atomicAdd(&hs[(u32)(r >> R.dlo)], 1u);
         }
       }
     });
   });
-  if (run) atomicAdd(&hs[lastd], run);
   const u64 sb = block_reduce64(sbt, 0, sh);
   if (tid == 0) atomicAdd(&st[DA_SB], sb);
   u32* gh = (u32*)(st + 16);
