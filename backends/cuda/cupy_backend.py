@@ -319,11 +319,41 @@ def _tile_for(v, rows, nsm, cap, per_sm=4):
 _EXT_STREAMS = {}
 
 
+class _StreamHandle:
+    """A raw CUDA stream handle under the CUDA stream protocol (``__cuda_stream__``
+    returns ``(version 0, handle)``), for ``cupy.cuda.Stream.from_external``."""
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def _wrap_stream(cp, handle):
+    """A CuPy stream object over a raw handle: ``Stream.from_external`` (CuPy >= 14, which
+    deprecates ``ExternalStream``) when it takes the protocol object and gives back the
+    same handle, else ``ExternalStream`` (older CuPy), without its deprecation warning."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            st = from_external(_StreamHandle(handle))
+        except (TypeError, ValueError, AttributeError):
+            st = None
+        if st is not None and int(st.ptr) == handle:
+            return st
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "ExternalStream is deprecated", DeprecationWarning)
+        return cp.cuda.ExternalStream(handle)
+
+
 def external_stream(handle):
-    """A cached cupy ExternalStream of a raw stream handle (made once per handle)."""
+    """A cached CuPy stream object of a raw stream handle (made once per handle)."""
     st = _EXT_STREAMS.get(handle)
     if st is None:
-        st = _cupy().cuda.ExternalStream(handle)
+        st = _wrap_stream(_cupy(), handle)
         _EXT_STREAMS[handle] = st
     return st
 
