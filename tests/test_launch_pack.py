@@ -71,7 +71,7 @@ def _int32_at(params, i):
 @pytest.fixture
 def stub():
     saved = (dict(launch._STATE), launch._ND, launch._CURRENT_STREAM,
-             launch._ON_INVALID_CONTEXT, launch.MODE)
+             launch._ON_INVALID_CONTEXT, launch.MODE, launch._WRAP_STREAM)
     drv = StubDriver()
     launch.set_driver(drv)
     launch.configure(ndarray=FakeND, current_stream=lambda: 0x5150)
@@ -81,7 +81,8 @@ def stub():
     finally:
         launch._STATE.clear()
         launch._STATE.update(saved[0])
-        launch._ND, launch._CURRENT_STREAM, launch._ON_INVALID_CONTEXT, launch.MODE = saved[1:]
+        (launch._ND, launch._CURRENT_STREAM, launch._ON_INVALID_CONTEXT, launch.MODE,
+         launch._WRAP_STREAM) = saved[1:]
         launch._STREAM_ARGS.clear()
 
 
@@ -221,3 +222,24 @@ def test_real_ctypes_marshalling(stub):
     assert f == 0x9000 and grid == (7, 3, 1) and block == (256, 1, 1) and smem == 0
     assert stream == 0x77 and extra is None
     assert words[0] == 0xFFFF0000 and words[1] & 0xFFFFFFFF == 0xFFFFFFFE and words[2] == 0x40
+
+
+def test_cupy_fallback_wraps_an_explicit_stream(stub):
+    """MODE "cupy": CuPy's launch gets the stream object made by the configured wrapper
+    (cupy_backend.external_stream: Stream.from_external on CuPy >= 14, not the deprecated
+    ExternalStream); without a stream, CuPy's current stream (no stream argument)."""
+    made = []
+
+    def wrap(handle):
+        made.append(handle)
+        return ("stream object", handle)
+    launch.configure(wrap_stream=wrap)
+    launch.MODE = "cupy"
+    fn = FakeFunction(0x9100)
+    k = launch.Kernel(fn, "dc_test")
+    k((2,), (64,), (np.int32(1),), stream=0xABC)
+    k((2,), (64,), (np.int32(1),))
+    assert made == [0xABC]
+    assert fn.calls[0][3] == ("stream object", 0xABC)
+    assert fn.calls[1][3] is None
+    assert stub.launches == []  # nothing went through the driver

@@ -251,7 +251,8 @@ def _launch_setup():
     if not _LAUNCH_READY:
         cp = _cupy()
         _launch.configure(ndarray=cp.ndarray, current_stream=_current_stream_ptr,
-                          on_invalid_context=_make_context_current)
+                          on_invalid_context=_make_context_current,
+                          wrap_stream=external_stream)
         _launch.load()
         _LAUNCH_READY.append(True)
 

@@ -46,6 +46,16 @@ def _cupy_current_stream():
 
 
 _CURRENT_STREAM = _cupy_current_stream  # () -> raw handle of the current stream (configure())
+
+
+def _cupy_external_stream(handle):
+    import cupy
+    return cupy.cuda.ExternalStream(handle)
+
+
+# raw handle -> CuPy stream object, for the CuPy fallback with an explicit stream
+# (configure(): cupy_backend.external_stream, which avoids CuPy 14's deprecated class)
+_WRAP_STREAM = _cupy_external_stream
 _ON_INVALID_CONTEXT = None  # () -> None: make the device's primary context current
 _SIGNED = {}  # n -> struct.Struct("=nq")
 _UNSIGNED = {}  # n -> struct.Struct("=nQ")
@@ -98,16 +108,19 @@ def set_driver(lib):
     _STATE["why"] = None if lib is not None else "no driver set"
 
 
-def configure(ndarray=None, current_stream=None, on_invalid_context=None):
-    """Tell the launcher CuPy's ndarray type, how to read the current stream handle and
-    how to make the current device's context current (called by cupy_backend)."""
-    global _ND, _CURRENT_STREAM, _ON_INVALID_CONTEXT
+def configure(ndarray=None, current_stream=None, on_invalid_context=None, wrap_stream=None):
+    """Tell the launcher CuPy's ndarray type, how to read the current stream handle, how
+    to make the current device's context current and how to wrap a raw stream handle in
+    a CuPy stream object for the CuPy fallback (called by cupy_backend)."""
+    global _ND, _CURRENT_STREAM, _ON_INVALID_CONTEXT, _WRAP_STREAM
     if ndarray is not None:
         _ND = ndarray
     if current_stream is not None:
         _CURRENT_STREAM = current_stream
     if on_invalid_context is not None:
         _ON_INVALID_CONTEXT = on_invalid_context
+    if wrap_stream is not None:
+        _WRAP_STREAM = wrap_stream
 
 
 def active():
@@ -304,8 +317,7 @@ class Kernel:
     def _cupy(self, grid, block, args, stream):
         if stream is None:
             return self.func(grid, block, args)
-        import cupy
-        return self.func(grid, block, args, stream=cupy.cuda.ExternalStream(int(stream)))
+        return self.func(grid, block, args, stream=_WRAP_STREAM(int(stream)))
 
 
 __all__ = ["Kernel", "MODE", "active", "configure", "describe", "fill", "load", "set_driver",
