@@ -61,6 +61,63 @@ def eager_host(fn, reps=300):
     return statistics.median(ts)
 
 
+def cases(B, g, dev="cuda"):
+    """The benchmark's inputs at batch B (generator g) as zero-argument calls, in table order:
+    propose top-32 bf16 (T = 0.7), verify k=5 with dense / top-32 q (check=False and
+    "lazy"), dense allocate fp32, and the plain-PyTorch pipelines (``torch_*``).  Outputs
+    are preallocated (``out=``), so each call can be captured in a CUDA graph."""
+    z = torch.randn(B, V, device=dev, generator=g)
+    logits = (3 * z).to(torch.bfloat16)
+    seed = torch.arange(B, dtype=torch.int64, device=dev)
+    i32 = lambda: torch.zeros(B, dtype=torch.int32, device=dev)
+    keys = dyadic.Keys(seed=seed, generation=i32(), round=i32(), position=i32())
+    out = {"tokens": torch.empty(B, dtype=torch.int32, device=dev),
+           "counts": torch.empty(B, 32, dtype=torch.uint32, device=dev),
+           "ids": torch.empty(B, 32, dtype=torch.int32, device=dev),
+           "status": torch.empty(B, dtype=torch.int32, device=dev)}
+    prop = lambda: dyadic.propose(logits, keys, top_k=32, temperature=0.7, backend="cuda",
+                                  check=False, out=out)
+
+    def torch_prop():
+        v, i = torch.topk(logits, 32, dim=-1)
+        pr = torch.softmax(v.float() / 0.7, -1)
+        j = torch.multinomial(pr, 1)
+        return i.gather(-1, j)
+    k = 5
+    p = torch.softmax(3 * torch.randn(B, k + 1, V, device=dev, generator=g), -1)
+    qd = torch.softmax(3 * z[:, None, :].expand(B, k, V) + 0.5 * torch.randn(B, k, V, device=dev, generator=g), -1)
+    qdy = dyadic.allocate(qd, backend="cuda")
+    qsp = dyadic.allocate(qd, top_k=32, backend="cuda")
+    draft = torch.multinomial(qd.reshape(-1, V), 1, generator=g).reshape(B, k).to(torch.int32)
+    dsp = torch.gather(qsp.ids, -1, torch.zeros(B, k, 1, dtype=torch.int64, device=dev)).reshape(B, k)
+    vout = {"accepted": torch.empty(B, dtype=torch.int32, device=dev),
+            "tokens": torch.empty(B, k + 1, dtype=torch.int32, device=dev),
+            "status": torch.empty(B, dtype=torch.int32, device=dev)}
+    ver = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check=False, out=vout)
+    ver_sp = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check=False, out=vout)
+
+    def torch_ver():
+        pd = p[:, :k].gather(-1, draft[..., None].long())[..., 0]
+        qq = qd.gather(-1, draft[..., None].long())[..., 0]
+        u = torch.rand(B, k, device=dev)
+        acc = (u * qq < pd).int().cumprod(-1).sum(-1)
+        res = torch.clamp(p[:, :k] - qd, min=0)
+        e = torch.empty_like(res).exponential_()
+        return acc, (res / e).argmax(-1)
+    cnt = torch.empty(B, V, dtype=torch.uint32, device=dev)
+    st = torch.empty(B, dtype=torch.int32, device=dev)
+    pr32 = torch.softmax(3 * z, -1)
+    alloc = lambda: dyadic.allocate(pr32, backend="cuda", check=False,
+                                    out={"counts": cnt, "status": st})
+    ver_lazy = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check="lazy", out=vout)
+    ver_sp_lazy = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check="lazy",
+                                        out=vout)
+    return {"propose_top32_bf16": prop, "torch_top32_proposal": torch_prop,
+            "verify_k5_dense": ver, "verify_k5_top32": ver_sp,
+            "verify_k5_dense_lazy": ver_lazy, "verify_k5_top32_lazy": ver_sp_lazy,
+            "torch_verify_k5_dense": torch_ver, "allocate_dense_f32": alloc}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -70,59 +127,14 @@ def main():
     g = torch.Generator(device=dev).manual_seed(0)
     rows = []
     for B in (int(b) for b in a.batch.split(",")):
-        z = torch.randn(B, V, device=dev, generator=g)
-        logits = (3 * z).to(torch.bfloat16)
-        seed = torch.arange(B, dtype=torch.int64, device=dev)
-        i32 = lambda: torch.zeros(B, dtype=torch.int32, device=dev)
-        keys = dyadic.Keys(seed=seed, generation=i32(), round=i32(), position=i32())
-        out = {"tokens": torch.empty(B, dtype=torch.int32, device=dev),
-               "counts": torch.empty(B, 32, dtype=torch.uint32, device=dev),
-               "ids": torch.empty(B, 32, dtype=torch.int32, device=dev),
-               "status": torch.empty(B, dtype=torch.int32, device=dev)}
-        prop = lambda: dyadic.propose(logits, keys, top_k=32, temperature=0.7, backend="cuda",
-                                      check=False, out=out)
-
-        def torch_prop():
-            v, i = torch.topk(logits, 32, dim=-1)
-            pr = torch.softmax(v.float() / 0.7, -1)
-            j = torch.multinomial(pr, 1)
-            return i.gather(-1, j)
+        cs = cases(B, g, dev)
+        prop, ver, ver_lazy = cs["propose_top32_bf16"], cs["verify_k5_dense"], cs["verify_k5_dense_lazy"]
+        ver_sp_lazy, alloc = cs["verify_k5_top32_lazy"], cs["allocate_dense_f32"]
         k = 5
-        p = torch.softmax(3 * torch.randn(B, k + 1, V, device=dev, generator=g), -1)
-        qd = torch.softmax(3 * z[:, None, :].expand(B, k, V) + 0.5 * torch.randn(B, k, V, device=dev, generator=g), -1)
-        qdy = dyadic.allocate(qd, backend="cuda")
-        qsp = dyadic.allocate(qd, top_k=32, backend="cuda")
-        draft = torch.multinomial(qd.reshape(-1, V), 1, generator=g).reshape(B, k).to(torch.int32)
-        dsp = torch.gather(qsp.ids, -1, torch.zeros(B, k, 1, dtype=torch.int64, device=dev)).reshape(B, k)
-        vout = {"accepted": torch.empty(B, dtype=torch.int32, device=dev),
-                "tokens": torch.empty(B, k + 1, dtype=torch.int32, device=dev),
-                "status": torch.empty(B, dtype=torch.int32, device=dev)}
-        ver = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check=False, out=vout)
-        ver_sp = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check=False, out=vout)
-
-        def torch_ver():
-            pd = p[:, :k].gather(-1, draft[..., None].long())[..., 0]
-            qq = qd.gather(-1, draft[..., None].long())[..., 0]
-            u = torch.rand(B, k, device=dev)
-            acc = (u * qq < pd).int().cumprod(-1).sum(-1)
-            res = torch.clamp(p[:, :k] - qd, min=0)
-            e = torch.empty_like(res).exponential_()
-            return acc, (res / e).argmax(-1)
-        cnt = torch.empty(B, V, dtype=torch.uint32, device=dev)
-        st = torch.empty(B, dtype=torch.int32, device=dev)
-        pr32 = torch.softmax(3 * z, -1)
-        alloc = lambda: dyadic.allocate(pr32, backend="cuda", check=False,
-                                        out={"counts": cnt, "status": st})
         r = {"B": B}
         x1 = torch.zeros(1, device=dev)
         put(r, "trivial_kernel", lambda: x1.add_(1))
-        ver_lazy = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check="lazy", out=vout)
-        ver_sp_lazy = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check="lazy",
-                                            out=vout)
-        for name, fn in (("propose_top32_bf16", prop), ("torch_top32_proposal", torch_prop),
-                         ("verify_k5_dense", ver), ("verify_k5_top32", ver_sp),
-                         ("verify_k5_dense_lazy", ver_lazy), ("verify_k5_top32_lazy", ver_sp_lazy),
-                         ("torch_verify_k5_dense", torch_ver), ("allocate_dense_f32", alloc)):
+        for name, fn in cs.items():
             put(r, name, fn)
         # A/B in the same run: the previous paths of each primitive (module switches)
         from dyadic.backends.cuda import cupy_backend as _cb

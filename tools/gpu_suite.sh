@@ -3,7 +3,7 @@
 #   tools/gpu_suite.sh [quick|full]     logs to $OUT/log.txt (default OUT=./gpu-out)
 # quick: build + parity tests; full: + tools/gpu_bench.py (graph replay, eager host
 # overhead, profile) + python -m dyadic.bench on the GPU backends.
-# Each stage has its own timeout (env: CUDA_T, LAZY2_T, NUMBA_T, FUZZ_T, GB_T, HOST_T, BENCH_T) so one
+# Each stage has its own timeout (env: CUDA_T, LAZY2_T, NUMBA_T, FUZZ_T, GB_T, KT_T, HOST_T, BENCH_T) so one
 # run fits a device lease; the stage order puts the cuda parity and the graph
 # benchmark first.
 set -o pipefail
@@ -12,7 +12,7 @@ MODE=${1:-full}
 # legacy dc_topk A/B runs, on request)
 # lazy2: the lazy verify tests on the two-launch kernels (dc_vlazy2 + dc_vres2, taken for
 # vocabularies above 128 x 32768 ids), forced with DYADIC_CUDA_LAZY=2
-STAGES=${STAGES:-"build cuda lazy2 numba fuzz gb host bench"}
+STAGES=${STAGES:-"build cuda lazy2 numba fuzz gb ktimes host bench"}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -57,6 +57,11 @@ PY
   DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
       -p no:cacheprovider tests/test_gpu_parity.py -k "propose or allocate or half or graph or verify" 2>&1 | tail -${TAIL:-40}
   echo "cuda radix parity exit: $?"
+  fi
+  if has ktimes && [ "$MODE" = full ]; then
+    stamp "device time per kernel (torch.profiler)"
+    timeout ${KT_T:-60} python3 tools/gpu_kernel_times.py --out "$OUT" --batch ${KT_BATCH:-1,64} 2>&1 | tail -${KT_TAIL:-40}
+    echo "kernel times exit: $?"
   fi
   if has gbradix && [ "$MODE" = full ]; then
     stamp "gpu_bench, DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split"
