@@ -39,6 +39,18 @@ def _load(name):
     return be, None
 
 
+def cuda_torch():
+    """torch, where backend "cuda" loads and torch has a CUDA device; else the test skips
+    with the reason."""
+    be, why = _load("cuda")
+    if be is None:
+        pytest.skip(why)
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return torch
+
+
 @pytest.fixture(params=["cpu", "numba", "cuda"])
 def fast_backend(request):
     """Every non-reference backend; skips (with the reason) where unavailable."""

@@ -15,7 +15,7 @@ import pytest
 
 import dyadic
 
-from conftest import _load
+from conftest import cuda_torch
 
 pytestmark = pytest.mark.gpu
 
@@ -25,13 +25,7 @@ SLEEP_CYCLES = 20_000_000  # ~10 ms at 2 GHz: far longer than the launch of the 
 
 @pytest.fixture(scope="module")
 def torch():
-    be, why = _load("cuda")
-    if be is None:
-        pytest.skip(why)
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    return torch
+    return cuda_torch()
 
 
 def _late_input(torch, host, stream):

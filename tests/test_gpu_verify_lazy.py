@@ -22,7 +22,7 @@ from dyadic import _spec, _status
 from dyadic.bench.timing import capture_graph
 from dyadic.reference import fixedpoint, philox, sampling
 
-from conftest import _load, random_target as _target
+from conftest import cuda_torch, random_target as _target
 
 ONE = 1 << _spec.TARGET_BITS
 TOL = ONE >> _spec.TARGET_TOL_BITS
@@ -315,12 +315,7 @@ def test_fused_class_sound():
 # ------------------------------------------------------------------ GPU side
 @pytest.fixture(scope="module")
 def _cuda_dev():
-    be, why = _load("cuda")
-    if be is None:
-        pytest.skip(why)
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
+    cuda_torch()
     return "cuda"
 
 
