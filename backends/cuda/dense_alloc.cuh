@@ -11,8 +11,9 @@
  * add / max into it and the last block of da2_mark zeroes it (da2_floor's last
  * block zeroes the coarse histogram).  No memset, no host sync, graph-replayable.
  *
- *   da2_max:   row max key (atomicMax), first bad element (atomicMax of ~packed)
- *   da2_sum:   argmax (atomicMax of ~id), S = sum of weights (atomicAdd)
+ *   da2_max:   row max key (atomicMax), first bad element (atomicMax of ~packed);
+ *             probabilities: also the argmax (atomicMax of mag << 32 | ~id)
+ *   da2_sum:   logits: argmax (atomicMax of ~id); S = sum of weights (atomicAdd)
  *   da2_floor: q_v = floor(2^24 w_v / S), r_v = 2^24 w_v - q_v S; sum of q_v;
  *             histogram of the digit d_v = r_v >> dlo (DA_NB = 2048 bins) in
  *             shared memory; the tile's fine histogram is stored (plain
@@ -178,6 +179,8 @@ struct DaWProb {  /* float32 weights: dy_prob_weight, branch-free (as the CPU ba
   __device__ __forceinline__ bool is_max(float xf, int) const {
     return (__float_as_uint(xf) & 0x7FFFFFFFu) == magmax;
   }
+  /* the row's argmax comes from da2_max (packed with the magnitude), not from da2_sum */
+  __device__ __forceinline__ bool arg_in_max() const { return true; }
 };
 struct DaWLogit {
   const void* bias; int bdt; i64 boff; double T; u64 mk;
@@ -189,6 +192,7 @@ struct DaWLogit {
     return weight_of_key(key(xf, v), mk, 1);
   }
   __device__ __forceinline__ bool is_max(float xf, int v) const { return key(xf, v) == mk; }
+  __device__ __forceinline__ bool arg_in_max() const { return false; }  /* da2_sum finds it */
 };
 
 /* f(W) with the weight functor of the row's input kind */

@@ -112,8 +112,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
     da2_first<2, 1>(pre, x, xoff, lo, hi, vec);
     da2_tile<2>(x, xdt, xoff, lo, hi, vec, pre, body);
   }
-  else {  /* probabilities: the same key (mag + 1) and status, in 32 bits */
-    u32 mm = 0;
+  else {  /* probabilities: the same key (mag + 1) and status; the argmax here too: the
+    * largest mag << 32 | ~id is the lowest id of the largest magnitude (da2_sum's is_max
+    * test, not run for probabilities), kept in DA_ARG (da2_mark reads its low 32 bits) */
+    u64 pm = 0;
     auto pb = [&](int v0, const float* xs, auto NN, bool ok) {
       constexpr int n = decltype(NN)::n;
       if (!ok) return;
@@ -122,17 +124,22 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
         const u32 b = __float_as_uint(xs[e]), mag = b & 0x7FFFFFFFu;
         if (!(b - 1u < 0x7F7FFFFFu || mag == 0) && nb == 0)
           nb = ~(((u64)(v0 + e) << 8) | (u64)dy_weight_bits_status(b));
-        mm = mag > mm ? mag : mm;
+        const u64 key = ((u64)mag << 32) | (u64)(u32)~(u32)(v0 + e);
+        pm = key > pm ? key : pm;
       }
     };
     float4 pre4[4];
     da2_first<4, 1>(pre4, x, xoff, lo, hi, vec);
     da2_tile<4>(x, xdt, xoff, lo, hi, vec, pre4, pb);
-    mk = (u64)mm + 1;
+    mk = pm;
   }
   mk = block_reduce64(mk, 1, sh);
   nb = block_reduce64(nb, 1, sh);
-  if (threadIdx.x == 0) { atomicMax(&st[DA_MK], mk); if (nb) atomicMax(&st[DA_BAD], nb); }
+  if (threadIdx.x == 0) {
+    if (logits) atomicMax(&st[DA_MK], mk);
+    else { atomicMax(&st[DA_MK], (mk >> 32) + 1); atomicMax(&st[DA_ARG], mk); }
+    if (nb) atomicMax(&st[DA_BAD], nb);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
@@ -155,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
       if (!ok) return;
 #pragma unroll
       for (int e = 0; e < n; ++e) {
-        if (na == 0 && W.is_max(xs[e], v0 + e)) na = ~(u64)(v0 + e);
+        if (!W.arg_in_max() && na == 0 && W.is_max(xs[e], v0 + e)) na = ~(u64)(v0 + e);
         if (!greedy) S += W(xs[e], v0 + e);
       }
     });
