@@ -111,8 +111,9 @@ def _enter(backend, device):
     """Run the backend on torch's current stream of ``device``: for the cuda backend,
     CuPy's device and current stream are made torch's.  The CuPy device context is
     entered only when the tensor's device is not the current one, and the (cached)
-    CuPy stream object (cupy_backend.external_stream) only when CuPy's current stream is not already that stream
-    (the default stream of both, in plain eager use).  Returns what ``_leave`` undoes."""
+    CuPy stream object (cupy_backend.external_stream) only when CuPy's current stream
+    is not already that stream (the default stream of both, in plain eager use).
+    Returns what ``_leave`` undoes."""
     if backend != "cuda":
         return None
     cb = _CB or _cupy_backend()

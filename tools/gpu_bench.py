@@ -23,6 +23,7 @@ import dyadic
 from dyadic.bench.timing import capture_graph, held_event_times
 
 V = 129280
+K = 5  # draft tokens per request in the verify cases
 
 
 def graph_time(fn, reps=200):
@@ -83,7 +84,7 @@ def cases(B, g, dev="cuda"):
         pr = torch.softmax(v.float() / 0.7, -1)
         j = torch.multinomial(pr, 1)
         return i.gather(-1, j)
-    k = 5
+    k = K
     p = torch.softmax(3 * torch.randn(B, k + 1, V, device=dev, generator=g), -1)
     qd = torch.softmax(3 * z[:, None, :].expand(B, k, V) + 0.5 * torch.randn(B, k, V, device=dev, generator=g), -1)
     qdy = dyadic.allocate(qd, backend="cuda")
@@ -130,7 +131,7 @@ def main():
         cs = cases(B, g, dev)
         prop, ver, ver_lazy = cs["propose_top32_bf16"], cs["verify_k5_dense"], cs["verify_k5_dense_lazy"]
         ver_sp_lazy, alloc = cs["verify_k5_top32_lazy"], cs["allocate_dense_f32"]
-        k = 5
+        k = K
         r = {"B": B}
         x1 = torch.zeros(1, device=dev)
         put(r, "trivial_kernel", lambda: x1.add_(1))
