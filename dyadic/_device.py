@@ -92,6 +92,17 @@ def _back(t, kind):
     return t
 
 
+_FAST = None  # dyadic._fast, once a check=False call was made
+
+
+def _fast():
+    global _FAST
+    if _FAST is None:
+        from . import _fast as fast
+        _FAST = fast
+    return _FAST
+
+
 def _cupy_backend():
     global _CB
     if _CB is None:
@@ -376,6 +387,13 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
 
 def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=True, out=None):
     torch = _TORCH or _torch()
+    fkey = None
+    if not check and bias is None and type(logits) is torch.Tensor:  # repeat calls: _fast
+        fkey = (_FAST or _fast()).propose_key(logits, temperature, top_k, policy, backend)
+        if fkey is not None:
+            r = _FAST.propose(fkey, logits, keys, out)
+            if r is not None:
+                return r
     code = _validate.policy(policy)
     be = _backend.get(backend)
     x2, b2, batch_shape, v, kind = _x_bias(logits, bias, "logits", be)
@@ -401,6 +419,11 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
         _finish(status, check)
     if kind == "torch":
         q = Dyadic(counts, ids, vocab_size=v, policy=policy, _trusted=True)
+        if fkey is not None and batch and width and x2 is logits:
+            _FAST.remember_propose(fkey, be, backend, batch, v, logits.dtype, width, policy,
+                                   code, (
+                ("tokens", (batch,), torch.int32), ("counts", (batch, width), torch.uint32),
+                ("ids", (batch, width), torch.int32), ("status", (batch,), torch.int32)), temp)
         return tokens, q
     q = Dyadic(_back(counts, kind), None if ids is None else _back(ids, kind), vocab_size=v,
                policy=policy, _trusted=True)
@@ -436,6 +459,13 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     lazy = check == "lazy"  # any other string was refused by dyadic.verify
     if lazy:
         check = False
+    fkey = None
+    if not check and greedy is None and type(target) is torch.Tensor:  # repeat calls: _fast
+        fkey = (_FAST or _fast()).verify_key(target, q, backend, lazy)
+        if fkey is not None:
+            r = _FAST.verify(fkey, target, draft, q, keys, out)
+            if r is not None:
+                return r
     be = _backend.get(backend)
     if type(target) is torch.Tensor:
         t, kind = target, "torch"
@@ -513,6 +543,11 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     if check:
         _finish(status, check)
     if kind == "torch":
+        if fkey is not None and b and t is target:
+            _FAST.remember_verify(fkey, be, backend, b, k1, v, q, lazy and hasattr(
+                be, "verify_lazy"), (("accepted", (b,), torch.int32),
+                                     ("tokens", (b, k1), torch.int32),
+                                     ("status", (b,), torch.int32)))
         return Verdict(accepted, tokens, None if check else status)
     return Verdict(_back(accepted, kind), _back(tokens, kind),
                    None if check else _back(status, kind))

@@ -563,6 +563,78 @@ def _verify_setup(target, q_counts, seed, generation, round, position, ins, outs
     return batch, k, v, w, call, kptrs, kfmt, call.many(ins), call.many(outs, True)
 
 
+def _pk_route(top_k, bias_ok, batch, v):
+    """Which one-launch top-k kernel takes an allocate / propose: True pk_topk3, False
+    pk_topk2, None neither (top_k None or > PK_KMAX, DYADIC_CUDA_PK=0, or too many
+    tiles).  ``bias_ok``: no bias, or weights (pk_topk3 reads no bias of logits)."""
+    if not top_k or int(top_k) > _PK_KMAX:
+        return None
+    pk_tiles = -(-v // (_PK_NT * _PK_EPT))
+    if (bias_ok and (_PK_MODE == "3" or (_PK_MODE == "auto" and batch * pk_tiles > _PK_SMALL))
+            and -(-v // (_PK_NT * _PK3_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT):
+        return True
+    if _PK_MODE != "0" and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT:
+        return False
+    return None
+
+
+def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
+    """One launch of pk_topk2 / pk_topk3 (plan: CupyBackend._pk_plan) with the arguments
+    ``common`` (x, its dtype code, bias, its code and rows, temperature, logits, greedy_ok,
+    V), the key pointers and format, and ``outs`` (tokens, counts, ids, status pointers).
+    pk_topk3 also takes whether its 16-byte loads apply (x's pointer 16-byte aligned, V a
+    multiple of 8 ids, 4 for float32): checked per call, the plan is per shape."""
+    r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
+    args = common + (_I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs,
+                     _I32[kfmt], ckey, cid, bbad, ctr, *outs)
+    if wide:
+        vec = common[0] % 16 == 0 and common[8] % (4 if common[1] == 0 else 8) == 0
+        args += (_I32[int(vec)],)
+    fn.launch(grid, block, args)
+
+
+def _v12_run(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, kfmt, a, tk, st):
+    """dc_v1 then dc_v2 (plan: CupyBackend._v12_plan); every array argument a pointer."""
+    (nt1, vt, nrt2, rt, k1fn, grid1, block, _, ptrs, k2fn, grid2) = plan
+    plo, phi, pmax, pbad, res_row, res_t, rpart, vcnt, rcnt = ptrs
+    v32, w32, k32 = _I32[v], _I32[w], _I32[k]
+    vec_t = _I32[v % 4 == 0 and t % 16 == 0]
+    vec_q = _I32[qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0]
+    kfmt = _I32[kfmt]
+    if _STAGE_ONLY != 2:
+        k1fn.launch(grid1, block, (
+            t, d, qc, qi, w32, g, _I32[batch], k32, v32, nt1, plo, phi, pmax, pbad,
+            *kptrs, kfmt, res_row, res_t, a, tk, st, vcnt, vt, vec_t))
+    if _STAGE_ONLY != 1:
+        k2fn.launch(grid2, block, (
+            t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt, res_row, res_t, rpart, a,
+            tk, st, rcnt, rt, vec_t, vec_q))
+
+
+def _vf_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
+    """One launch of dc_vfused (plan: CupyBackend._vf_plan); every array a pointer."""
+    vt, nt32, acap, pre, kern, grid, block, _, ptrs = plan
+    tpart, rchunk, alist, acnt, cnt = ptrs
+    vec = v % 4 == 0 and t % 16 == 0  # 16-byte loads (dense q: vec_q too)
+    vec_q = vec and bool(qc) and not qi and qc % 16 == 0  # null pointers: 0
+    kern.launch(grid, block, (
+        t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
+        alist, acnt, acap, a, tk, st, cnt, vt, pre, _I32[vec], _I32[vec_q]))
+
+
+class _Launcher:
+    """``run``: the launch(es) of one primitive for a cached configuration; ``valid()``:
+    its plan is still the one in _PLANS under ``key``."""
+
+    __slots__ = ("run", "key", "plan")
+
+    def __init__(self, run, key, plan):
+        self.run, self.key, self.plan = run, key, plan
+
+    def valid(self):
+        return _PLANS.get(self.key) is self.plan
+
+
 class CupyBackend:
     name = "cuda"
     #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
@@ -606,16 +678,11 @@ class CupyBackend:
             kptrs, kfmt = _keys(call, *keys, batch)
         else:
             kptrs, kfmt = _NO_KEYS, 0
-        pk_tiles = -(-v // (_PK_NT * _PK_EPT))
-        if (top_k and int(top_k) <= _PK_KMAX and (bias is None or not logits)
-                and (_PK_MODE == "3" or (_PK_MODE == "auto" and batch * pk_tiles > _PK_SMALL))
-                and -(-v // (_PK_NT * _PK3_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT):
-            self._topk_slots(True, common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt,
-                             call, tokens, counts, ids, status, dev)
-        elif (top_k and int(top_k) <= _PK_KMAX and _PK_MODE != "0"
-                and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT):
-            self._topk_slots(False, common, batch, v, int(top_k), policy, do_draw, kptrs, kfmt,
-                             call, tokens, counts, ids, status, dev)
+        wide = _pk_route(top_k, bias is None or not logits, batch, v)
+        if wide is not None:
+            plan = self._pk_plan(wide, batch, v, int(top_k), dev)
+            _pk_run(plan, wide, common, int(top_k), policy, do_draw, kptrs, kfmt,
+                    call.many((tokens, counts, ids, status), True))
         elif top_k:
             k = int(top_k)
             kc = min(k, _TILE)
@@ -656,14 +723,11 @@ class CupyBackend:
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
-    def _topk_slots(self, wide, common, batch, v, k, policy, do_draw, kptrs, kfmt, call,
-                    tokens, counts, ids, status, dev):
-        """One launch of pk_topk2 (wide False: DYADIC_CUDA_PK=2, or auto on small grids or
-        with bias; tiles of PK_NT * PK_EPT ids) or pk_topk3 (wide: propose_wide.cuh, tiles
-        of up to PK_NT * 16 ids, _PK3_CHUNK forces one), grid (R, B), R * PK_CAP candidate
-        slots per row.  pk_topk3 also takes whether its 16-byte loads apply (x's pointer
-        16-byte aligned, V a multiple of 8 ids, 4 for float32): checked per call, the plan
-        is per shape."""
+    def _pk_plan(self, wide, batch, v, k, dev):
+        """The launch plan of pk_topk2 (wide False: DYADIC_CUDA_PK=2, or auto on small grids
+        or with bias; tiles of PK_NT * PK_EPT ids) or pk_topk3 (wide: propose_wide.cuh,
+        tiles of up to PK_NT * 16 ids, _PK3_CHUNK forces one), grid (R, B), R * PK_CAP
+        candidate slots per row; cached per (kind, device, B, V, K) in _PLANS."""
         pk = ("pk3" if wide else "pk2", dev, batch, v, k)
         plan = _PLANS.get(pk)
         if plan is None:
@@ -680,14 +744,29 @@ class CupyBackend:
                  scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
                  scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch)))
             _PLANS[pk] = plan
-        r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
-        args = common + (_I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs,
-                         _I32[kfmt], ckey, cid, bbad, ctr,
-                         *call.many((tokens, counts, ids, status), True))
-        if wide:
-            vec = common[0] % 16 == 0 and v % (4 if common[1] == 0 else 8) == 0
-            args += (_I32[int(vec)],)
-        fn.launch(grid, block, args)
+        return plan
+
+    def propose_launcher(self, batch, v, x_dtype, top_k, policy):
+        """A launcher for eager propose calls shaped like this one: torch logits [B, V] of
+        ``x_dtype``, no bias, top_k on the one-launch path (pk_topk2 / pk_topk3), a draw;
+        None for any other call.  ``launcher.run(x_ptr, temp_ptr, kptrs, kfmt, outs)`` makes
+        the launch the full path makes (``outs``: tokens, counts, ids, status pointers);
+        ``launcher.valid()`` is False once the plan it uses has left _PLANS (cleared by A/B
+        switches and tests)."""
+        wide = _pk_route(top_k, True, batch, v)
+        code = _X_CODES.get(x_dtype)
+        if wide is None or code is None:
+            return None
+        k = int(top_k)
+        plan = self._pk_plan(wide, batch, v, k, _device_id())
+        head = (code, _NULL, _I32[0], _I32[0])
+        tail = (_I32[1], _I32[1], _I32[v])  # logits, greedy_ok, V
+
+        def run(x_ptr, temp_ptr, kptrs, kfmt, outs):
+            _pk_run(plan, wide, (x_ptr, *head, temp_ptr, *tail), k, policy, 1, kptrs, kfmt,
+                    outs)
+
+        return _Launcher(run, ("pk3" if wide else "pk2", _device_id(), batch, v, k), plan)
 
     # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
     _DA_RS = 144
@@ -798,40 +877,8 @@ class CupyBackend:
         rows = batch * k1
         v32, w32, k32 = _I32[v], _I32[w], _I32[k]
         if _VERIFY_MODE not in ("split", "old"):
-            # bandwidth path: runtime tiles (>= ~4 blocks per SM), 16-byte loads, one
-            # block reduction per tile; residual tiles spread over many blocks.  The
-            # launch plan (tiles, scratch buffers) is cached per (device, shape).
-            dev = _device_id()
-            pk = ("verify", dev, batch, k1, v)
-            plan = _PLANS.get(pk)
-            if plan is None:
-                nsm = _num_sms()
-                vt = _tile_for(v, rows, nsm, 16384)
-                nt1 = (v + vt - 1) // vt
-                rt = _tile_for(v, batch, nsm, 8192)
-                nrt2 = (v + rt - 1) // rt
-                plan = ((np.int32(nt1), np.int32(vt), np.int32(nrt2), np.int32(rt))
-                        + _launch_plan(_kernel("dc_v1"), (nt1, rows), (256,), (
-                            scratch("part_lo", 8 * rows * nt1), scratch("part_hi", 8 * rows * nt1),
-                            scratch("part_max", 8 * rows * nt1),
-                            scratch("part_bad", 4 * rows * nt1), scratch("res_row", 4 * batch),
-                            scratch("res_T", 8 * batch), scratch("rpart", 16 * batch * nrt2),
-                            scratch("vcnt", 4 * batch), scratch("rcnt", 4 * batch)))
-                        + (_kernel("dc_v2"), (nrt2, batch, 1)))
-                _PLANS[pk] = plan
-            (nt1, vt, nrt2, rt, k1fn, grid1, block, _, ptrs, k2fn, grid2) = plan
-            plo, phi, pmax, pbad, res_row, res_t, rpart, vcnt, rcnt = ptrs
-            vec_t = _I32[v % 4 == 0 and t % 16 == 0]
-            vec_q = _I32[qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0]
-            kfmt = _I32[kfmt]
-            if _STAGE_ONLY != 2:
-                k1fn.launch(grid1, block, (
-                    t, d, qc, qi, w32, g, _I32[batch], k32, v32, nt1, plo, phi, pmax, pbad,
-                    *kptrs, kfmt, res_row, res_t, a, tk, st, vcnt, vt, vec_t))
-            if _STAGE_ONLY != 1:
-                k2fn.launch(grid2, block, (
-                    t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt, res_row, res_t, rpart, a,
-                    tk, st, rcnt, rt, vec_t, vec_q))
+            _v12_run(self._v12_plan(batch, k1, v), t, d, qc, qi, w, g, batch, k, v, kptrs,
+                     kfmt, a, tk, st)
             if call.back:  # NumPy outputs to copy back
                 call.finish()
             return
@@ -865,6 +912,60 @@ class CupyBackend:
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
+    def _v12_plan(self, batch, k1, v):
+        """dc_v1 + dc_v2 (the bandwidth path): runtime tiles (>= ~4 blocks per SM), 16-byte
+        loads, one block reduction per tile; residual tiles spread over many blocks.  The
+        launch plan (tiles, scratch buffers) is cached per (device, shape)."""
+        dev = _device_id()
+        rows = batch * k1
+        pk = ("verify", dev, batch, k1, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            nsm = _num_sms()
+            vt = _tile_for(v, rows, nsm, 16384)
+            nt1 = (v + vt - 1) // vt
+            rt = _tile_for(v, batch, nsm, 8192)
+            nrt2 = (v + rt - 1) // rt
+            plan = ((np.int32(nt1), np.int32(vt), np.int32(nrt2), np.int32(rt))
+                    + _launch_plan(_kernel("dc_v1"), (nt1, rows), (256,), (
+                        scratch("part_lo", 8 * rows * nt1), scratch("part_hi", 8 * rows * nt1),
+                        scratch("part_max", 8 * rows * nt1),
+                        scratch("part_bad", 4 * rows * nt1), scratch("res_row", 4 * batch),
+                        scratch("res_T", 8 * batch), scratch("rpart", 16 * batch * nrt2),
+                        scratch("vcnt", 4 * batch), scratch("rcnt", 4 * batch)))
+                    + (_kernel("dc_v2"), (nrt2, batch, 1)))
+            _PLANS[pk] = plan
+        return plan
+
+    def verify_launcher(self, batch, k1, v, w, lazy):
+        """A launcher for eager verify calls shaped like this one (target [B, k+1, V], q of
+        width ``w``; greedy None), with ``check=False`` (dc_v1 + dc_v2) or ``"lazy"``
+        (dc_vfused): ``launcher.run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st)`` (pointers,
+        None for an absent q field; ``g`` unused by the lazy kernel) makes the launches the full path makes; None where
+        the full path takes another route (A/B switches, V beyond the fused kernel)."""
+        k = k1 - 1
+        if k > _MAX_K_VERIFY:
+            return None
+        if lazy:
+            if _LAZY_MODE != "fused" or v > _VF_MAXV:
+                return None
+            plan = self._vf_plan(batch, k1, v, _device_id())
+
+            def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+                _vf_run(plan, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi,
+                        w, kptrs, kfmt, a, tk, st, k, v)
+
+            return _Launcher(run, ("verify_lazy_fused", _device_id(), batch, k1, v), plan)
+        if _VERIFY_MODE in ("split", "old"):
+            return None
+        plan = self._v12_plan(batch, k1, v)
+
+        def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+            _v12_run(plan, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi, w,
+                     g, batch, k, v, kptrs, kfmt, a, tk, st)
+
+        return _Launcher(run, ("verify", _device_id(), batch, k1, v), plan)
+
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
                     accepted, tokens, status):
         """verify with check="lazy" (no greedy rows): dc_vfused (verify_fused.cuh), or
@@ -873,17 +974,16 @@ class CupyBackend:
             target, q_counts, seed, generation, round, position,
             (target, draft, q_counts, q_ids), (accepted, tokens, status))
         if _LAZY_MODE == "fused" and v <= _VF_MAXV:
-            self._verify_lazy_fused(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v,
-                                    _device_id())
+            _vf_run(self._vf_plan(batch, k + 1, v, _device_id()), t, d, qc, qi, w, kptrs, kfmt,
+                    a, tk, st, k, v)
         else:
             self._verify_lazy_v2(t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v,
                                  _device_id())
         call.finish()
 
-    def _verify_lazy_fused(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
-        """dc_vfused: the tests, the candidate rows' totals and chunk sums, the walk and the
-        residual / bonus draw in one launch (verify_fused.cuh)."""
-        k1 = k + 1
+    def _vf_plan(self, batch, k1, v, dev):
+        """dc_vfused's launch plan (verify_fused.cuh: the tests, the candidate rows' totals
+        and chunk sums, the walk and the residual / bonus draw in one launch)."""
         pk = ("verify_lazy_fused", dev, batch, k1, v)
         plan = _PLANS.get(pk)
         if plan is None:
@@ -898,13 +998,7 @@ class CupyBackend:
                         scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
                         scratch("vf_acnt", 4 * batch * k1), scratch("vf_cnt", 4 * batch))))
             _PLANS[pk] = plan
-        vt, nt32, acap, pre, kern, grid, block, _, ptrs = plan
-        tpart, rchunk, alist, acnt, cnt = ptrs
-        vec = v % 4 == 0 and t % 16 == 0  # 16-byte loads (dense q: vec_q too)
-        vec_q = vec and bool(qc) and not qi and qc % 16 == 0  # null pointers: 0
-        kern.launch(grid, block, (
-            t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
-            alist, acnt, acap, a, tk, st, cnt, vt, pre, _I32[vec], _I32[vec_q]))
+        return plan
 
     def _verify_lazy_v2(self, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, batch, k, v, dev):
         """dc_vlazy2 (classification, candidate-row sums) + dc_vres2 (residual / bonus draw)."""

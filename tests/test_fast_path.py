@@ -1,0 +1,120 @@
+"""The repeat-call fast path of the GPU API (dyadic/_fast.py), without a GPU.
+
+Runs in subprocesses under tools/host_overhead_local.py's fakes (a fake CuPy and
+driver: launches are recorded, not run; CPU torch tensors pass as CUDA tensors):
+
+- every traced call (valid and invalid propose / verify / allocate / draw, 166
+  cases) made twice gives the same result or error and the same launches both
+  times: the second call of a cached configuration takes the fast path;
+- with the full path's argument handling replaced by functions that fail, a
+  repeated call still succeeds with the same launches (it never reached them),
+  while a call the fast path does not serve (host keys, a non-contiguous input, a
+  new shape, a cleared backend plan) reaches them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "host_overhead_local.py")
+
+pytest.importorskip("torch")
+
+
+def _run(args, **kw):
+    return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, **kw)
+
+
+def test_second_call_same_launches_and_results():
+    r = _run([TOOL, "--child", "--root", ROOT, "--trace"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = json.loads(r.stdout)
+    names = sorted({k.rsplit(" #", 1)[0] for k in t})
+    assert len(names) > 100
+    differ = [n for n in names if t[n + " #0"] != t[n + " #1"]]
+    assert not differ, differ
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, "tools")
+    import host_overhead_local as h
+    trace = []
+    import os
+    dyadic, torch = h.install(os.getcwd(), trace)
+    from dyadic import _device, _fast
+    from dyadic.backends.cuda import cupy_backend as cb
+    torch.empty = torch.zeros
+    d = h.make_inputs(torch, dyadic, 4)
+    kd = d["keys"]
+
+    def calls():
+        return {
+            "propose": lambda x=d["logits"], keys=kd: dyadic.propose(
+                x, keys, top_k=32, temperature=0.7, backend="cuda", check=False),
+            "propose_out": lambda: dyadic.propose(
+                d["logits"], kd, top_k=32, temperature=0.7, backend="cuda", check=False,
+                out=d["pout"]),
+            "verify": lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd, backend="cuda",
+                                            check=False, out=d["vout"]),
+            "verify_sparse": lambda: dyadic.verify(d["p"], d["draft"], d["qsp"], kd,
+                                                   backend="cuda", check=False),
+            "verify_noq": lambda: dyadic.verify(d["p"], d["draft"], None, kd, backend="cuda",
+                                                check=False),
+            "lazy": lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd, backend="cuda",
+                                          check="lazy", out=d["vout"]),
+        }
+
+    def launches(fn):
+        del trace[:]
+        fn()
+        return [dict(l, words=[w if w < 1 << 40 else "p" for w in l["words"]]) for l in trace]
+
+    out = {}
+    first = {name: launches(fn) for name, fn in calls().items()}
+    out["entries"] = [len(_fast._PROPOSE), len(_fast._VERIFY)]
+
+    def boom(*a, **k):
+        raise AssertionError("full path")
+
+    _device._x_bias = _device._keys = _device._temperature = boom
+    for name, fn in calls().items():
+        out[name] = launches(fn) == first[name]
+    # calls the fast path does not serve reach the (now failing) full path
+    served = {}
+    for label, fn in (
+            ("host_keys", lambda: dyadic.propose(d["logits"], dyadic.Keys(seed=1), top_k=32,
+                                                 temperature=0.7, backend="cuda", check=False)),
+            ("noncontig", lambda: dyadic.propose(
+                d["logits"].t().contiguous().t(), kd, top_k=32, temperature=0.7,
+                backend="cuda", check=False)),
+            ("new_temp", lambda: dyadic.propose(d["logits"], kd, top_k=32, temperature=0.5,
+                                                backend="cuda", check=False)),
+            ("checked", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
+                                              backend="cuda", check=True)),
+            ("plans_cleared", lambda: (cb._PLANS.clear(), calls()["propose"]()))):
+        try:
+            fn()
+            served[label] = "fast"
+        except AssertionError:
+            served[label] = "full"
+    out["fallback"] = served
+    print(json.dumps(out))
+""")
+
+
+def test_fast_path_taken_and_falls_back():
+    r = _run(["-c", _SCRIPT])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["entries"][0] >= 1 and out["entries"][1] >= 3
+    for name in ("propose", "propose_out", "verify", "verify_sparse", "verify_noq", "lazy"):
+        assert out[name] is True, name
+    assert out["fallback"] == {"host_keys": "full", "noncontig": "full", "new_temp": "full",
+                               "checked": "full", "plans_cleared": "full"}
