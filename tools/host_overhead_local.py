@@ -142,17 +142,21 @@ def fake_cupy():
     return cp
 
 
-def _param_counts(root):
-    """Number of parameters of every __global__ kernel (parsed from the sources)."""
+def _param_kinds(root):
+    """For every __global__ kernel (parsed from the sources), one bool per parameter:
+    whether it is a pointer (its words are addresses, named in traces, not compared)."""
     out = {}
     d = os.path.join(root, "backends", "cuda")
-    pat = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)")
+    pat = re.compile(r"__global__\s+void\s+(?:__\w+__\([^)]*\)\s*)*(\w+)\s*\(([^)]*)\)")
     for fn in os.listdir(d):
         if fn.endswith((".cu", ".cuh")):
             with open(os.path.join(d, fn)) as f:
                 for m in pat.finditer(f.read()):
-                    out[m.group(1)] = len([a for a in m.group(2).split(",") if a.strip()])
+                    out[m.group(1)] = tuple("*" in a for a in m.group(2).split(",") if a.strip())
     return out
+
+
+_KINDS = {}  # kernel -> pointer flags of its parameters (trace mode)
 
 
 class FakeDriver:
@@ -166,7 +170,7 @@ class FakeDriver:
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         name = HANDLES[f.value]
-        n = self.nparams[name]
+        n = len(self.nparams[name])
         pp = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         words = []
         for i in range(n):  # the slots are consecutive 8-byte words; stop where they end
@@ -201,7 +205,9 @@ def install(root, trace=None, name="dyadic"):
     launch = importlib.import_module(name + ".backends.cuda.launch")
     assert cupy_backend.__file__.startswith(root), cupy_backend.__file__
     cupy_backend._launch_setup()
-    launch.set_driver(FakeDriver(trace, _param_counts(root) if trace is not None else None))
+    if trace is not None:
+        _KINDS.update(_param_kinds(root))
+    launch.set_driver(FakeDriver(trace, _KINDS if trace is not None else None))
     launch.MODE = "driver"
     # the first torch input dyadic sees is classified by its device (cpu here); later
     # ones by exact type and is_cuda: show it one host tensor first (reference backend)
@@ -446,7 +452,21 @@ def _describe(x, names):
     return type(x).__name__
 
 
-def run_trace(dyadic, torch, trace):
+def recording_empty(torch, made):
+    """``torch.empty`` for trace mode: zero-filled (deterministic status words), and the
+    data pointer of each tensor appended to ``made``, so that launches can name the
+    outputs a call allocated (by order) whatever the addresses look like."""
+    zeros = torch.zeros
+
+    def empty(*a, **k):
+        t = zeros(*a, **k)
+        made.append(t.data_ptr())
+        return t
+
+    return empty
+
+
+def run_trace(dyadic, torch, trace, made):
     d, cases = trace_cases(dyadic, torch)
     names = {}
     for key in ("pout", "vout", "aout", "dout"):
@@ -464,19 +484,24 @@ def run_trace(dyadic, torch, trace):
     for name, fn in cases.items():
         for rep in range(2):  # the second call takes the cached (hot) paths
             del trace[:]
+            del made[:]
             try:
                 res = ["ok", _describe(fn(), names)]
             except Exception as e:  # noqa: BLE001 - compared as text
                 res = ["raise", type(e).__name__, str(e)]
+            new = {p: f"new{j}" for j, p in enumerate(made)}
+            for ln in trace:  # outputs this call allocated, by allocation order
+                ln["words"] = [new.get(x, x) if isinstance(x, int) else x for x in ln["words"]]
             out[f"{name} #{rep}"] = {"result": res, "launches": list(trace)}
-    # pointers: known tensors by name, every other large word by order of appearance
-    # within its call (internal buffers are made in an order the trees may not share)
+    # pointer parameters (by the kernel's signature, whatever the addresses look like):
+    # known tensors by name, every other nonzero one by order of appearance within its
+    # call (internal buffers are made in an order the trees may not share)
     for rec in out.values():
         anon = {}
         for ln in rec["launches"]:
-            w = ln["words"]
+            w, kinds = ln["words"], _KINDS[ln["kernel"]]
             for i, x in enumerate(w):
-                if isinstance(x, int) and x >= 1 << 40:
+                if isinstance(x, int) and x and i < len(kinds) and kinds[i]:
                     w[i] = ptrs.get(x) or anon.setdefault(x, f"ptr{len(anon)}")
     return out
 
@@ -487,8 +512,9 @@ def child(args):
     trace = [] if args.trace else None
     dyadic, torch = install(root, trace)
     if args.trace:
-        torch.empty = torch.zeros  # outputs made by dyadic: deterministic status words
-        json.dump(run_trace(dyadic, torch, trace), sys.stdout, indent=0, sort_keys=True)
+        made = []
+        torch.empty = recording_empty(torch, made)
+        json.dump(run_trace(dyadic, torch, trace, made), sys.stdout, indent=0, sort_keys=True)
         return
     if args.profile:
         import cProfile
