@@ -50,6 +50,8 @@ GPU_BACKENDS = _backend.GPU_BACKENDS
 # does only per-call work: dtype checks against cached dtype objects, no reshape of an
 # already [B, V] contiguous tensor, the raw stream handle from torch (no Stream object),
 # and CuPy's stream context only where CuPy's current stream is not already torch's.
+# A propose / verify whose configuration already ran here (check=False / "lazy", torch
+# tensors) is served by dyadic/_fast.py: the same launches from a cached launcher.
 _TORCH = None
 _FLOATS = ()  # torch.float32 / float16 / bfloat16, once torch is imported
 _RAW_STREAM = None  # torch._C._cuda_getCurrentRawStream (or None: current_stream())
