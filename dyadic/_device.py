@@ -414,6 +414,12 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
         tok = _enter(backend, dev)
         try:
             be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
+            if fkey is not None and width and x2 is logits:  # in x's device context
+                _FAST.remember_propose(fkey, be, backend, batch, v, logits.dtype, width,
+                                       policy, code, (
+                    ("tokens", (batch,), torch.int32), ("counts", (batch, width), torch.uint32),
+                    ("ids", (batch, width), torch.int32), ("status", (batch,), torch.int32)),
+                    temp)
         finally:
             if tok is not None:
                 _leave(tok)
@@ -421,11 +427,6 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
         _finish(status, check)
     if kind == "torch":
         q = Dyadic(counts, ids, vocab_size=v, policy=policy, _trusted=True)
-        if fkey is not None and batch and width and x2 is logits:
-            _FAST.remember_propose(fkey, be, backend, batch, v, logits.dtype, width, policy,
-                                   code, (
-                ("tokens", (batch,), torch.int32), ("counts", (batch, width), torch.uint32),
-                ("ids", (batch, width), torch.int32), ("status", (batch,), torch.int32)), temp)
         return tokens, q
     q = Dyadic(_back(counts, kind), None if ids is None else _back(ids, kind), vocab_size=v,
                policy=policy, _trusted=True)
@@ -539,17 +540,17 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
                 be.verify_lazy(t, d, qc, qi, *keys_b, accepted, tokens, status)
             else:
                 be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
+            if fkey is not None and t is target:  # in the target's device context
+                _FAST.remember_verify(fkey, be, backend, b, k1, v, q, lazy and hasattr(
+                    be, "verify_lazy"), (("accepted", (b,), torch.int32),
+                                         ("tokens", (b, k1), torch.int32),
+                                         ("status", (b,), torch.int32)))
         finally:
             if tok is not None:
                 _leave(tok)
     if check:
         _finish(status, check)
     if kind == "torch":
-        if fkey is not None and b and t is target:
-            _FAST.remember_verify(fkey, be, backend, b, k1, v, q, lazy and hasattr(
-                be, "verify_lazy"), (("accepted", (b,), torch.int32),
-                                     ("tokens", (b, k1), torch.int32),
-                                     ("status", (b,), torch.int32)))
         return Verdict(accepted, tokens, None if check else status)
     return Verdict(_back(accepted, kind), _back(tokens, kind),
                    None if check else _back(status, kind))

@@ -114,7 +114,8 @@ def propose(key, logits, keys, out):
 def remember_propose(key, be, backend, batch, v, dtype, width, policy, code, specs, temp):
     """After a successful full-path propose: an entry for ``key`` where the backend has
     a launcher for this configuration (``width``: the support size min(top_k, V),
-    ``code``: the policy's number, ``temp``: the temperature tensor the call used)."""
+    ``code``: the policy's number, ``temp``: the temperature tensor the call used).
+    Called inside the call's device context: the backend's plans are per device."""
     make = getattr(be, "propose_launcher", None)
     launcher = None if make is None else make(batch, v, dtype, width, code)
     if launcher is None:
@@ -192,6 +193,8 @@ def verify(key, target, draft, q, keys, out):
 
 
 def remember_verify(key, be, backend, b, k1, v, q, lazy, specs):
+    """After a successful full-path verify: an entry for ``key`` where the backend has a
+    launcher for this configuration; called inside the call's device context."""
     make = getattr(be, "verify_launcher", None)
     w = 0 if q is None else int(q._counts.shape[-1])
     launcher = None if make is None else make(b, k1, v, w, lazy)
