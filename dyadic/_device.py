@@ -406,20 +406,17 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
     temp = _temperature(temperature, batch, dev, True, check)
     width = _validate.top_k(top_k, v)
     k = _keys(keys, batch, dev, check)
-    tokens, counts, ids, status = _outputs(out, dev, (
-        ("tokens", (batch,), torch.int32), ("counts", (batch, width or v), torch.uint32),
-        ("ids", (batch, width), torch.int32) if width else None,
-        ("status", (batch,), torch.int32)))
+    specs = (("tokens", (batch,), torch.int32), ("counts", (batch, width or v), torch.uint32),
+             ("ids", (batch, width), torch.int32) if width else None,
+             ("status", (batch,), torch.int32))
+    tokens, counts, ids, status = _outputs(out, dev, specs)
     if batch:
         tok = _enter(backend, dev)
         try:
             be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
             if fkey is not None and width and x2 is logits:  # in x's device context
                 _FAST.remember_propose(fkey, be, backend, batch, v, logits.dtype, width,
-                                       policy, code, (
-                    ("tokens", (batch,), torch.int32), ("counts", (batch, width), torch.uint32),
-                    ("ids", (batch, width), torch.int32), ("status", (batch,), torch.int32)),
-                    temp)
+                                       policy, code, specs, temp)
         finally:
             if tok is not None:
                 _leave(tok)
@@ -530,9 +527,9 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
         g = g.to(torch.uint8)
     keys_b = _keys(keys, b, dev, check, extra=k1 - 1)
-    accepted, tokens, status = _outputs(out, dev, (
-        ("accepted", (b,), torch.int32), ("tokens", (b, k1), torch.int32),
-        ("status", (b,), torch.int32)))
+    specs = (("accepted", (b,), torch.int32), ("tokens", (b, k1), torch.int32),
+             ("status", (b,), torch.int32))
+    accepted, tokens, status = _outputs(out, dev, specs)
     if b:
         tok = _enter(backend, dev)
         try:
@@ -541,10 +538,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             else:
                 be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
             if fkey is not None and t is target:  # in the target's device context
-                _FAST.remember_verify(fkey, be, backend, b, k1, v, q, lazy and hasattr(
-                    be, "verify_lazy"), (("accepted", (b,), torch.int32),
-                                         ("tokens", (b, k1), torch.int32),
-                                         ("status", (b,), torch.int32)))
+                _FAST.remember_verify(fkey, be, backend, b, k1, v, q,
+                                      lazy and hasattr(be, "verify_lazy"), specs)
         finally:
             if tok is not None:
                 _leave(tok)

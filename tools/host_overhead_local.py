@@ -162,15 +162,15 @@ _KINDS = {}  # kernel -> pointer flags of its parameters (trace mode)
 class FakeDriver:
     """cuLaunchKernel: returns 0; in trace mode records every launch."""
 
-    def __init__(self, trace=None, nparams=None):
+    def __init__(self, trace=None, kinds=None):
         self.trace = trace
-        self.nparams = nparams or {}
+        self.kinds = kinds or {}  # kernel -> pointer flags of its parameters
         if trace is None:
             self.cuLaunchKernel = lambda *a: 0
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         name = HANDLES[f.value]
-        n = len(self.nparams[name])
+        n = len(self.kinds[name])
         pp = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         words = []
         for i in range(n):  # the slots are consecutive 8-byte words; stop where they end

@@ -757,8 +757,8 @@ class CupyBackend:
         code = _X_CODES.get(x_dtype)
         if wide is None or code is None:
             return None
-        k = int(top_k)
-        plan = self._pk_plan(wide, batch, v, k, _device_id())
+        k, dev = int(top_k), _device_id()
+        plan = self._pk_plan(wide, batch, v, k, dev)
         head = (code, _NULL, _I32[0], _I32[0])
         tail = (_I32[1], _I32[1], _I32[v])  # logits, greedy_ok, V
 
@@ -766,7 +766,7 @@ class CupyBackend:
             _pk_run(plan, wide, (x_ptr, *head, temp_ptr, *tail), k, policy, 1, kptrs, kfmt,
                     outs)
 
-        return _Launcher(run, ("pk3" if wide else "pk2", _device_id(), batch, v, k), plan)
+        return _Launcher(run, ("pk3" if wide else "pk2", dev, batch, v, k), plan)
 
     # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
     _DA_RS = 144
@@ -949,13 +949,14 @@ class CupyBackend:
         if lazy:
             if _LAZY_MODE != "fused" or v > _VF_MAXV:
                 return None
-            plan = self._vf_plan(batch, k1, v, _device_id())
+            dev = _device_id()
+            plan = self._vf_plan(batch, k1, v, dev)
 
             def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
                 _vf_run(plan, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi,
                         w, kptrs, kfmt, a, tk, st, k, v)
 
-            return _Launcher(run, ("verify_lazy_fused", _device_id(), batch, k1, v), plan)
+            return _Launcher(run, ("verify_lazy_fused", dev, batch, k1, v), plan)
         if _VERIFY_MODE in ("split", "old"):
             return None
         plan = self._v12_plan(batch, k1, v)
