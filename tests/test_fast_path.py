@@ -9,7 +9,9 @@ driver: launches are recorded, not run; CPU torch tensors pass as CUDA tensors):
 - with the full path's argument handling replaced by functions that fail, a
   repeated call still succeeds with the same launches (it never reached them),
   while a call the fast path does not serve (host keys, a non-contiguous input, a
-  new shape, a cleared backend plan) reaches them.
+  new shape, a cleared backend plan) reaches them;
+- entries are made while the call's device context is entered (the backend's
+  plans are per device).
 """
 
 import json
@@ -122,3 +124,47 @@ def test_fast_path_taken_and_falls_back():
         assert out[name] is True, (name, out[name])
     assert out["fallback"] == {"host_keys": "full", "noncontig": "full", "new_temp": "full",
                                "checked": "full", "plans_cleared": "full"}
+
+
+_CONTEXT_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, "tools")
+    import host_overhead_local as h
+    dyadic, torch = h.install(os.getcwd())
+    from dyadic import _device
+    from dyadic.backends.cuda import cupy_backend as cb
+    d = h.make_inputs(torch, dyadic, 4)
+    depth, seen = [0], []
+    enter, leave = _device._enter, _device._leave
+
+    def counted_enter(backend, device):  # always hands back a token: _leave then runs
+        depth[0] += 1
+        return ("token", enter(backend, device))
+
+    def counted_leave(token):
+        depth[0] -= 1
+        if token[1] is not None:
+            leave(token[1])
+
+    _device._enter, _device._leave = counted_enter, counted_leave
+    for name in ("propose_launcher", "verify_launcher"):
+        made = getattr(cb.CupyBackend, name)
+        def spy(self, *a, _made=made, _name=name):
+            seen.append([_name, depth[0]])
+            return _made(self, *a)
+        setattr(cb.CupyBackend, name, spy)
+    dyadic.propose(d["logits"], d["keys"], top_k=32, temperature=0.7, backend="cuda",
+                   check=False)
+    dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"], backend="cuda", check=False)
+    dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"], backend="cuda", check="lazy")
+    print(json.dumps(seen))
+""")
+
+
+def test_entries_made_in_the_device_context():
+    """The backend's launchers (per-device plans) are looked up while the call's device
+    context is entered, as the full path's launches are."""
+    r = _run(["-c", _CONTEXT_SCRIPT])
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen == [["propose_launcher", 1], ["verify_launcher", 1], ["verify_launcher", 1]]
