@@ -151,6 +151,18 @@ _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K ar
 # thread, one block per SM) 24.6 / 24.6 / 24.9 / 55.7; two or four sub-tiles of 8192 with
 # one running bound 28.7 / 29.1 / 29.6 / 50.2 and 78.6 / 79.7 / 79.9 / 103.6.
 _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
+# pk_topk4 / pk_topk4w / pk_topk4x (propose_packed.cuh): pk_topk3's tile phase on packed
+# 16-bit keys, tiles of 8192 / 16384 / 32768 ids, taken in pk_topk3's place for bfloat16 /
+# float16 logits without bias on 16-byte loads (and for those, auto routes every batch to
+# the wide kernels).  DYADIC_CUDA_PK4: "auto" (default) the smallest tile whose grid fits
+# one wave of two blocks per SM, else the largest; 1 / 2 / 3 force one; 0 pk_topk3.
+# H200 (2026-12-01, propose top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 / 64,
+# one run): pk_topk3 (auto: pk_topk2 at B = 1) 17.2 / 16.8 / 20.7 / 27.5 / 41.6, pk_topk4
+# 16.6 / 16.3 / 18.7 / 23.4 / 34.8, pk_topk4w 18.9 / 18.3 / 19.2 / 21.6 / 29.8, pk_topk4x
+# 24.4 / 23.8 / 23.7 / 23.9 / 25.8.
+_PK4 = os.environ.get("DYADIC_CUDA_PK4", "auto")
+_PK4 = -1 if _PK4 == "auto" else int(_PK4)
+_PK4_CHUNKS = (8192, 16384, 32768)  # pk_topk4 / 4w / 4x: PK_NT * 16 / 32 / 64 ids
 _PK_SMALL = 32
 _PK_CAP = 128  # PK_CAP of propose_fast.cuh (pk_topk2's candidate slots per tile)
 _PK3_EPT = 16  # PW_EPT of propose_wide.cuh: pk_topk3's tile is at most _PK_NT * _PK3_EPT ids
@@ -563,14 +575,17 @@ def _verify_setup(target, q_counts, seed, generation, round, position, ins, outs
     return batch, k, v, w, call, kptrs, kfmt, call.many(ins), call.many(outs, True)
 
 
-def _pk_route(top_k, bias_ok, batch, v):
-    """Which one-launch top-k kernel takes an allocate / propose: True pk_topk3, False
-    pk_topk2, None neither (top_k None or > PK_KMAX, DYADIC_CUDA_PK=0, or too many
-    tiles).  ``bias_ok``: no bias, or weights (pk_topk3 reads no bias of logits)."""
+def _pk_route(top_k, bias_ok, batch, v, packed_ok=False):
+    """Which one-launch top-k kernel takes an allocate / propose: True pk_topk3 (or
+    pk_topk4*, see _pk_run), False pk_topk2, None neither (top_k None or > PK_KMAX,
+    DYADIC_CUDA_PK=0, or too many tiles).  ``bias_ok``: no bias, or weights (pk_topk3
+    reads no bias of logits); ``packed_ok``: 16-bit logits without bias (auto then takes
+    the wide kernels at every batch)."""
     if not top_k or int(top_k) > _PK_KMAX:
         return None
     pk_tiles = -(-v // (_PK_NT * _PK_EPT))
-    if (bias_ok and (_PK_MODE == "3" or (_PK_MODE == "auto" and batch * pk_tiles > _PK_SMALL))
+    if (bias_ok and (_PK_MODE == "3" or (_PK_MODE == "auto" and (
+            batch * pk_tiles > _PK_SMALL or (packed_ok and _PK4))))
             and -(-v // (_PK_NT * _PK3_EPT)) * _PK_CAP <= _PK_NT * _PK_EPT):
         return True
     if _PK_MODE != "0" and pk_tiles * _PK_CAP <= _PK_NT * _PK_EPT:
@@ -584,11 +599,14 @@ def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
     V), the key pointers and format, and ``outs`` (tokens, counts, ids, status pointers).
     pk_topk3 also takes whether its 16-byte loads apply (x's pointer 16-byte aligned, V a
     multiple of 8 ids, 4 for float32): checked per call, the plan is per shape."""
-    r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr) = plan
+    r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr), packed = plan
+    vec = wide and common[0] % 16 == 0 and common[8] % (4 if common[1] == 0 else 8) == 0
+    # pk_topk4 / pk_topk4w: 16-bit logits (x code 1 / 2), no bias, 16-byte loads
+    if vec and _PK4 and common[1] != 0 and common[2] is _NULL and common[6]:
+        r32, chunk32, fn, grid = packed[max(_PK4, 0)]  # [0]: the plan's auto choice
     args = common + (_I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs,
                      _I32[kfmt], ckey, cid, bbad, ctr, *outs)
     if wide:
-        vec = common[0] % 16 == 0 and common[8] % (4 if common[1] == 0 else 8) == 0
         args += (_I32[int(vec)],)
     fn.launch(grid, block, args)
 
@@ -678,7 +696,8 @@ class CupyBackend:
             kptrs, kfmt = _keys(call, *keys, batch)
         else:
             kptrs, kfmt = _NO_KEYS, 0
-        wide = _pk_route(top_k, bias is None or not logits, batch, v)
+        wide = _pk_route(top_k, bias is None or not logits, batch, v,
+                         bias is None and logits and int(x_code) != 0)
         if wide is not None:
             plan = self._pk_plan(wide, batch, v, int(top_k), dev)
             _pk_run(plan, wide, common, int(top_k), policy, do_draw, kptrs, kfmt,
@@ -738,11 +757,22 @@ class CupyBackend:
                 if -(-v // chunk) * _PK_CAP > _PK_NT * _PK_EPT:
                     chunk = cap
             r = -(-v // chunk)
+            packed = None
+            if wide:  # [auto choice, pk_topk4, 4w, 4x] (_PK3_CHUNK: pk_topk3's tiles)
+                packed = []
+                for name, cw in zip(("pk_topk4", "pk_topk4w", "pk_topk4x"),
+                                    (chunk,) + _PK4_CHUNKS[1:]):
+                    cw = chunk if _PK3_CHUNK else cw
+                    rw = -(-v // cw)
+                    packed.append((np.int32(rw), np.int32(cw), _kernel(name), (rw, batch, 1)))
+                fits = [p for p in packed if int(p[0]) * batch <= 2 * _num_sms()]
+                packed = tuple([fits[0] if fits else packed[-1]] + packed)
             plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
                 _kernel("pk_topk3" if wide else "pk_topk2"), (r, batch), (_PK_NT,),
                 (scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
                  scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
-                 scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch)))
+                 scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch))) + (
+                packed,)
             _PLANS[pk] = plan
         return plan
 
@@ -753,8 +783,8 @@ class CupyBackend:
         the launch the full path makes (``outs``: tokens, counts, ids, status pointers);
         ``launcher.valid()`` is False once the plan it uses has left _PLANS (cleared by A/B
         switches and tests)."""
-        wide = _pk_route(top_k, True, batch, v)
         code = _X_CODES.get(x_dtype)
+        wide = _pk_route(top_k, True, batch, v, code is not None and int(code) != 0)
         if wide is None or code is None:
             return None
         k, dev = int(top_k), _device_id()

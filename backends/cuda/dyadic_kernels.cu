@@ -1199,5 +1199,6 @@ extern "C" __global__ void __launch_bounds__(256) dd_mark(int V, int dt, int nti
 #include "verify_fused.cuh"
 #include "propose_fast.cuh"
 #include "propose_wide.cuh"
+#include "propose_packed.cuh"
 #include "dense_alloc.cuh"
 #include "dense_alloc2.cuh"

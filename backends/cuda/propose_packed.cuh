@@ -1,0 +1,227 @@
+/* pk_topk4: pk_topk3 for 16-bit logits (bfloat16 / float16) on packed keys
+ * (included by dyadic_kernels.cu after propose_wide.cuh; uses pk_bound,
+ * pk_rank_emit, pk_tile_done, pk2_last, pw_bits16, pw_key).
+ *
+ * The grid, tiles (PK_NT * 16 ids), candidate slots and last block are
+ * pk_topk3's; the host launches it in pk_topk3's place for bfloat16 / float16
+ * logits without bias whose rows take 16-byte loads (vec: V a multiple of 8,
+ * x 16-byte aligned), DYADIC_CUDA_PK4=0 turns it off.  What differs is the tile
+ * phase of a fast row (pk_fast_row: the float order key of x ranks as the
+ * exact key).  ncu on the H200 (2026-12-01, B = 64) put half of pk_topk3's
+ * warp instructions in two stretches of its tile phase (per element: the
+ * tile bound test, bf16 -> float bits, the bad-value test, the float order
+ * key, the running top two); here they run on two elements per 32-bit word:
+ *  - the 16 ids of a thread stay as the 8 words its two 16-byte loads gave,
+ *    each holding two 16-bit floats h (ids 2j, 2j + 1 of a group of 8);
+ *  - pp_keys turns a word into two 16-bit order keys in 5 integer operations:
+ *    k = 0x8000 + h for h >= 0 and 0x8000 - |h| for h < 0, so -0.0 and +0.0
+ *    both give 0x8000 (equal, as pk_fkey makes them) and k is strictly
+ *    increasing in the value of h, the same order as pk_fkey(float(h)) (the
+ *    conversion to float is exact and monotone); 1 <= k <= 0xFFFF, and 0 marks
+ *    an id outside the tile;
+ *  - a word with an all-ones exponent (NaN, +inf, -inf) sets a per-thread
+ *    flag (2 operations per word); only such a thread tests its elements one
+ *    by one (pw_key's status, ids in order) for the first bad id;
+ *  - the running top two per 16-bit half (max.u16x2 / min.u16x2, sm_90), then
+ *    the thread's largest M1 and second largest M2 of its 16 keys.
+ * The rest is pk_select_map's: t = pk_bound(M1) (at least min(K, n) keys >= t),
+ * survivors k >= t (a thread with M2 < t has only its maximum), their
+ * exclusive scan, then the survivors unranked in the candidate slots when they
+ * fit PK_CAP, else ranked by counting (<= PK_SMAX) or by the exact radix select
+ * over the tile; each candidate's key is pk_fkey(float(h)) (pw_key), the key
+ * pk_topk3 writes, rebuilt from k (pp_half).
+ * Exactness: k orders the tile's elements as their coarse keys do (ties
+ * included), so the survivor set, and with it every candidate slot, is
+ * pk_topk3's; rows that are not fast (T outside pk_fast_row's range) take
+ * pk_topk3's exact radix select, the same code. */
+#ifndef DYADIC_PROPOSE_PACKED_CUH
+#define DYADIC_PROPOSE_PACKED_CUH
+
+
+DC_FN u32 pp_max2(u32 a, u32 b) { u32 r; asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
+DC_FN u32 pp_min2(u32 a, u32 b) { u32 r; asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
+
+/* the order keys of the two 16-bit floats of x (see the header) */
+DC_FN u32 pp_keys(u32 x) {
+  const u32 s = (x >> 15) & 0x00010001u;  /* the sign bits, at bits 0 and 16 */
+  return (x ^ ((s * 0xFFFFu) | 0x80008000u)) + s;
+}
+
+/* the 16-bit float of an order key (-0.0 comes back as +0.0: the same key) */
+DC_FN u32 pp_half(u32 k) { return (k & 0x8000u) ? (k & 0x7FFFu) : (0x8000u | (0x8000u - k)); }
+
+/* pk_topk3's coarse key of the element whose order key is k */
+DC_FN u32 pp_coarse(u32 k, int xdt) { return pw_key(pw_bits16(pp_half(k), xdt), 1, 0); }
+
+/* element e (0..15) of the thread: word e / 2, half e % 2; its index in the tile */
+DC_FN int pp_ix(int e) { return pw_ix(e); }
+template <int NW>
+DC_FN u32 pp_key_of(const u32 (&w)[NW], int e) { return (w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu; }
+
+/* The kernel body, NW words (NW / 4 groups of 8 ids, 4 * NW ids) per thread. */
+template <int NW>
+DC_FN void pp_kernel(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status) {
+  constexpr int NG = NW / 4;
+  __shared__ DcShared sh;
+  __shared__ PkShared ps;
+  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  int pk_prof = row == 0 && r == 0 ? 0 : -1;
+  PK_STAMP(0);
+  const i64 xoff = (i64)row * V;
+  const int lo = r * chunk, n = min(V, lo + chunk) - lo;
+  /* the tile's loads first (n is a multiple of 8: a group is in the tile or not) */
+  u32 w[NW];
+  bool in[NG];
+#pragma unroll
+  for (int g = 0; g < NG; ++g) {
+    const int i0 = pw_ix(8 * g);
+    in[g] = i0 < n;
+    const uint4 u = in[g] ? __ldg((const uint4*)((const u16*)x + xoff + lo + i0)) : make_uint4(0, 0, 0, 0);
+    w[4 * g] = u.x; w[4 * g + 1] = u.y; w[4 * g + 2] = u.z; w[4 * g + 3] = u.w;
+  }
+  bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
+  const i64 boff = bias_rows > 1 ? xoff : 0;
+  const bool fast = pk_fast_row(logits, bias, T);
+  if (tid == 0) ps.bad = NONE_BAD;
+  u64* ck = cand_key + ((i64)row * R + r) * PK_CAP;
+  int* ci = cand_id + ((i64)row * R + r) * PK_CAP;
+  u64 mybad = NONE_BAD;
+  int used;
+  const int kk = K < n ? K : n;
+  if (fast) {
+    const u32 em = xdt == 2 ? 0x7F807F80u : 0x7C007C00u;  /* the exponent fields */
+    const u32 eo = xdt == 2 ? 0x00800080u : 0x04000400u;  /* carries an all-ones one into the sign */
+    u32 mb = 0, m1 = 0, m2 = 0;
+#pragma unroll
+    for (int j = 0; j < NW; ++j) {
+      const u32 v = w[j];
+      const u32 k = in[j >> 2] ? pp_keys(v) : 0u;
+      mb |= in[j >> 2] ? (v & em) + eo : 0u;
+      w[j] = k;
+      m2 = pp_max2(m2, pp_min2(m1, k));
+      m1 = pp_max2(m1, k);
+    }
+    const u32 a = m1 & 0xFFFFu, b = m1 >> 16, c = m2 & 0xFFFFu, d = m2 >> 16;
+    const u32 M1 = max(a, b), M2 = max(min(a, b), max(c, d));
+    if (mb & 0x80008000u) {  /* an all-ones exponent: the thread's first bad id, if any */
+#pragma unroll
+      for (int e = 0; e < 2 * NW; ++e) {  /* unrolled: w stays in registers */
+        int bad = 0;
+        if (in[e >> 3] && mybad == NONE_BAD) pw_key(pw_bits16(pp_half(pp_key_of(w, e)), xdt), 1, &bad);
+        if (bad) mybad = ((u64)(lo + pp_ix(e)) << 8) | (u64)bad;
+      }
+    }
+    PK_STAMP(1);
+    const u32 t = (u32)pk_bound(M1, kk, ps);
+    PK_STAMP(2);
+    int cnt = 0;
+    if (in[0] && M1 >= t) {
+      if (M2 >= t) {
+#pragma unroll
+        for (int e = 0; e < 2 * NW; ++e) cnt += in[e >> 3] && pp_key_of(w, e) >= t;
+      } else {
+        cnt = 1;
+      }
+    }
+    int S; int pos = block_excl_scan(cnt, &S, sh);
+    /* the thread's survivors in id order: f(order key, index in the tile) */
+    auto each = [&](auto f) {
+      if (cnt == 1 && M2 < t) {  /* the maximum alone (unique: M2 < t <= M1) */
+int at = -1;
+#pragma unroll
+        for (int e = 2 * NW - 1; e >= 0; --e)  /* unrolled: w stays in registers */
+          if (in[e >> 3] && pp_key_of(w, e) == M1) at = pp_ix(e);
+        f(M1, at);
+      } else if (cnt) {
+#pragma unroll
+        for (int e = 0; e < 2 * NW; ++e) {
+          const u32 k = pp_key_of(w, e);
+          if (in[e >> 3] && k >= t) f(k, pp_ix(e));
+        }
+      }
+    };
+    if (S <= PK_CAP) {  /* unranked, slot order = thread order (pk_topk3's) */
+      each([&](u32 k, int i) { ck[pos] = pp_coarse(k, xdt); ci[pos] = lo + i; ++pos; });
+      used = S;
+    } else {
+      if (S <= PK_SMAX) {
+        each([&](u32 k, int i) {
+          const u32 cc = pp_coarse(k, xdt);
+          ps.sk[pos] = cc; ps.sc[pos] = cc; ps.si[pos] = lo + i; ++pos;
+        });
+      } else {  /* masses of ties: the exact radix select over the tile (pk_select_map's) */
+        auto at = [&](int i) -> u64 {
+          return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), 1, 0);
+        };
+        const DcSel s = block_select(at, n, kk, sh, 24);
+        S = block_compact([&](int i) { return sel_has(s, at(i), i); },
+                          [&](int i, int rk) { ps.sk[rk] = at(i); ps.sc[rk] = at(i); ps.si[rk] = lo + i; },
+                          n, sh);
+      }
+      __syncthreads();
+      PK_STAMP(3);
+      pk_rank_emit(S, kk, [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; }, ps);
+      used = kk;
+    }
+  } else {
+    /* 64-bit keys (T outside the fast range): pk_topk3's exact radix select */
+    auto at = [&](int i) -> u64 {
+      int bad;
+      return rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
+    };
+    for (int i = tid; i < n; i += PK_NT) {
+      int bad;
+      rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
+      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
+    }
+    const DcSel s = block_select(at, n, kk, sh, 56);
+    block_compact([&](int i) { return sel_has(s, at(i), i); },
+                  [&](int i, int rnk) { ck[rnk] = at(i); ci[rnk] = lo + i; }, n, sh);
+    used = kk;
+  }
+  if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof)) return;
+  pk2_last(row, R, K, fast, fast || !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
+           kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+}
+
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status, int vec) {
+  pp_kernel<8>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
+               do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
+               tokens, counts, ids, status);
+}
+
+/* tiles of PK_NT * 32 = 16384 ids (DYADIC_CUDA_PK4=2) */
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status, int vec) {
+  pp_kernel<16>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
+                do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
+                tokens, counts, ids, status);
+}
+
+/* tiles of PK_NT * 64 = 32768 ids (DYADIC_CUDA_PK4=3) */
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4x(
+    const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
+    int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
+    int* tokens, u32* counts, int* ids, int* status, int vec) {
+  pp_kernel<32>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
+                do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
+                tokens, counts, ids, status);
+}
+
+#endif
