@@ -91,13 +91,15 @@ DC_FN void pk_prefetch_exp_table() {
     asm volatile("prefetch.global.L1 [%0];" :: "l"(&dy_exp2_neg_q62_table[0][0] + 16 * threadIdx.x));
 }
 
-/* Descending bitonic sort of one u64 per lane of a warp: lane j gets the
- * j-th largest (0-based). */
-DC_FN u64 pk_warp_sort_desc(u64 v) {
+/* Descending bitonic sort of one value per lane of a warp (T: u32 or u64; the
+ * narrow keys of pk_topk3 / pk_topk4 sort as u32, half the shuffles): lane j gets
+ * the j-th largest (0-based). */
+template <class T>
+DC_FN T pk_warp_sort_desc(T v) {
   const int lane = threadIdx.x & 31;
   for (int k = 2; k <= 32; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
-      const u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+      const T o = __shfl_xor_sync(0xffffffffu, v, j);
       /* in a descending run (lane & k) == 0 the lower lane keeps the larger */
       const bool lower = (lane & j) == 0;
       const bool desc = (lane & k) == 0;
@@ -114,10 +116,11 @@ DC_FN u64 pk_warp_sort_desc(u64 v) {
  * warps has >= j maxima >= t, so >= m * j >= kk in all.  (j, m) = (4, 8) for
  * kk = 32 puts t near the 12% quantile of the maxima, about 2x kk above it;
  * (2, 16), the plain minimum, sits near 15%.  t = 0 when too few elements. */
-DC_FN u64 pk_bound(u64 v, int kk, PkShared& ps) {
+template <class T>
+DC_FN T pk_bound(T v, int kk, PkShared& ps) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int j = (kk + 7) / 8, m = (kk + j - 1) / j;
-  const u64 s = pk_warp_sort_desc(v);
+  const T s = pk_warp_sort_desc(v);
   if (lane == j - 1) ps.wb[w] = s;
   __syncthreads();
   if (threadIdx.x < PK_NT / 32) {

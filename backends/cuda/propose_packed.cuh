@@ -50,9 +50,6 @@ DC_FN u32 pp_keys(u32 x) {
 /* the 16-bit float of an order key (-0.0 comes back as +0.0: the same key) */
 DC_FN u32 pp_half(u32 k) { return (k & 0x8000u) ? (k & 0x7FFFu) : (0x8000u | (0x8000u - k)); }
 
-/* pk_topk3's coarse key of the element whose order key is k */
-DC_FN u32 pp_coarse(u32 k, int xdt) { return pw_key(pw_bits16(pp_half(k), xdt), 1, 0); }
-
 /* element e (0..15) of the thread: word e / 2, half e % 2; its index in the tile */
 DC_FN int pp_ix(int e) { return pw_ix(e); }
 template <int NW>
@@ -117,43 +114,34 @@ DC_FN void pp_kernel(
       }
     }
     PK_STAMP(1);
-    const u32 t = (u32)pk_bound(M1, kk, ps);
+    const u32 t = pk_bound(M1, kk, ps);
     PK_STAMP(2);
-    int cnt = 0;
+    u64 sm = 0;  /* the thread's survivors: bit e for its element e with key >= t */
     if (in[0] && M1 >= t) {
-      if (M2 >= t) {
 #pragma unroll
-        for (int e = 0; e < 2 * NW; ++e) cnt += in[e >> 3] && pp_key_of(w, e) >= t;
-      } else {
-        cnt = 1;
+      for (int j = 0; j < NW; ++j) {
+        if (in[j >> 2]) {
+          sm |= (u64)((w[j] & 0xFFFFu) >= t) << (2 * j);
+          sm |= (u64)((w[j] >> 16) >= t) << (2 * j + 1);
+        }
       }
     }
-    int S; int pos = block_excl_scan(cnt, &S, sh);
-    /* the thread's survivors in id order: f(order key, index in the tile) */
+    int S; int pos = block_excl_scan(__popcll(sm), &S, sh);
+    /* the survivors in id order: f(coarse key, index in the tile); the key from x again
+     * (one 2-byte load per survivor: w is not indexed by a variable, so it stays in
+     * registers) */
     auto each = [&](auto f) {
-      if (cnt == 1 && M2 < t) {  /* the maximum alone (unique: M2 < t <= M1) */
-int at = -1;
-#pragma unroll
-        for (int e = 2 * NW - 1; e >= 0; --e)  /* unrolled: w stays in registers */
-          if (in[e >> 3] && pp_key_of(w, e) == M1) at = pp_ix(e);
-        f(M1, at);
-      } else if (cnt) {
-#pragma unroll
-        for (int e = 0; e < 2 * NW; ++e) {
-          const u32 k = pp_key_of(w, e);
-          if (in[e >> 3] && k >= t) f(k, pp_ix(e));
-        }
+      for (u64 m = sm; m; m &= m - 1) {
+        const int i = pp_ix(__ffsll((long long)m) - 1);
+        f(pw_key(pw_bits16(__ldg((const u16*)x + xoff + lo + i), xdt), 1, 0), i);
       }
     };
     if (S <= PK_CAP) {  /* unranked, slot order = thread order (pk_topk3's) */
-      each([&](u32 k, int i) { ck[pos] = pp_coarse(k, xdt); ci[pos] = lo + i; ++pos; });
+      each([&](u32 cc, int i) { ck[pos] = cc; ci[pos] = lo + i; ++pos; });
       used = S;
     } else {
       if (S <= PK_SMAX) {
-        each([&](u32 k, int i) {
-          const u32 cc = pp_coarse(k, xdt);
-          ps.sk[pos] = cc; ps.sc[pos] = cc; ps.si[pos] = lo + i; ++pos;
-        });
+        each([&](u32 cc, int i) { ps.sk[pos] = cc; ps.sc[pos] = cc; ps.si[pos] = lo + i; ++pos; });
       } else {  /* masses of ties: the exact radix select over the tile (pk_select_map's) */
         auto at = [&](int i) -> u64 {
           return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), 1, 0);
