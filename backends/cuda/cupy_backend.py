@@ -157,9 +157,10 @@ _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
 # the wide kernels).  DYADIC_CUDA_PK4: "auto" (default) the smallest tile whose grid fits
 # one wave of two blocks per SM, else the largest; 1 / 2 / 3 force one; 0 pk_topk3.
 # H200 (2026-12-01, propose top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 / 64,
-# one run): pk_topk3 (auto: pk_topk2 at B = 1) 17.2 / 16.8 / 20.7 / 27.5 / 41.6, pk_topk4
-# 16.6 / 16.3 / 18.7 / 23.4 / 34.8, pk_topk4w 18.9 / 18.3 / 19.2 / 21.6 / 29.8, pk_topk4x
-# 24.4 / 23.8 / 23.7 / 23.9 / 25.8.
+# one run, first version of the kernels): pk_topk3 (auto: pk_topk2 at B = 1) 17.2 / 16.8 /
+# 20.7 / 27.5 / 41.6, pk_topk4 16.6 / 16.3 / 18.7 / 23.4 / 34.8, pk_topk4w 18.9 / 18.3 /
+# 19.2 / 21.6 / 29.8, pk_topk4x 24.4 / 23.8 / 23.7 / 23.9 / 25.8; the auto choice of the
+# final kernels: 15.1 / 15.1 / 17.2 / 19.7 / 22.7.
 _PK4 = os.environ.get("DYADIC_CUDA_PK4", "auto")
 _PK4 = -1 if _PK4 == "auto" else int(_PK4)
 _PK4_CHUNKS = (8192, 16384, 32768)  # pk_topk4 / 4w / 4x: PK_NT * 16 / 32 / 64 ids

@@ -1,18 +1,23 @@
-/* pk_topk4: pk_topk3 for 16-bit logits (bfloat16 / float16) on packed keys
- * (included by dyadic_kernels.cu after propose_wide.cuh; uses pk_bound,
- * pk_rank_emit, pk_tile_done, pk2_last, pw_bits16, pw_key).
+/* pk_topk4 / pk_topk4w / pk_topk4x: pk_topk3 for 16-bit logits (bfloat16 /
+ * float16) on packed keys (included by dyadic_kernels.cu after
+ * propose_wide.cuh; uses pk_bound, pk_rank_emit, pk_tile_done, pk2_last,
+ * pw_bits16, pw_key).
  *
- * The grid, tiles (PK_NT * 16 ids), candidate slots and last block are
- * pk_topk3's; the host launches it in pk_topk3's place for bfloat16 / float16
- * logits without bias whose rows take 16-byte loads (vec: V a multiple of 8,
- * x 16-byte aligned), DYADIC_CUDA_PK4=0 turns it off.  What differs is the tile
- * phase of a fast row (pk_fast_row: the float order key of x ranks as the
- * exact key).  ncu on the H200 (2026-12-01, B = 64) put half of pk_topk3's
- * warp instructions in two stretches of its tile phase (per element: the
- * tile bound test, bf16 -> float bits, the bad-value test, the float order
- * key, the running top two); here they run on two elements per 32-bit word:
- *  - the 16 ids of a thread stay as the 8 words its two 16-byte loads gave,
- *    each holding two 16-bit floats h (ids 2j, 2j + 1 of a group of 8);
+ * The grid (R, B), PK_NT threads, candidate slots and last block are
+ * pk_topk3's; the tiles hold 8192 / 16384 / 32768 ids (16 / 32 / 64 per
+ * thread, one pp_kernel<NW> each).  The host launches one of them in
+ * pk_topk3's place for bfloat16 / float16 logits without bias whose rows take
+ * 16-byte loads (vec: V a multiple of 8, x 16-byte aligned): the smallest tile
+ * whose grid fits one wave of two blocks per SM, else the largest
+ * (DYADIC_CUDA_PK4 forces one, 0 turns them off).  What differs from
+ * pk_topk3 is the tile phase of a fast row (pk_fast_row: the float order key
+ * of x ranks as the exact key).  ncu on the H200 (2026-12-01, B = 64) put
+ * half of pk_topk3's warp instructions in two stretches of its tile phase (per
+ * element: the tile bound test, bf16 -> float bits, the bad-value test, the
+ * float order key, the running top two); here they run on two elements per
+ * 32-bit word:
+ *  - the ids of a thread stay as the words its 16-byte loads gave (NW words,
+ *    each holding two 16-bit floats h: ids 2j, 2j + 1 of a group of 8);
  *  - pp_keys turns a word into two 16-bit order keys in 5 integer operations:
  *    k = 0x8000 + h for h >= 0 and 0x8000 - |h| for h < 0, so -0.0 and +0.0
  *    both give 0x8000 (equal, as pk_fkey makes them) and k is strictly
@@ -23,17 +28,22 @@
  *    flag (2 operations per word); only such a thread tests its elements one
  *    by one (pw_key's status, ids in order) for the first bad id;
  *  - the running top two per 16-bit half (max.u16x2 / min.u16x2, sm_90), then
- *    the thread's largest M1 and second largest M2 of its 16 keys.
- * The rest is pk_select_map's: t = pk_bound(M1) (at least min(K, n) keys >= t),
- * survivors k >= t (a thread with M2 < t has only its maximum), their
- * exclusive scan, then the survivors unranked in the candidate slots when they
- * fit PK_CAP, else ranked by counting (<= PK_SMAX) or by the exact radix select
+ *    the thread's largest M1 of its keys.
+ * Then pk_select_map's selection: t = pk_bound(M1) (at least min(K, n) keys
+ * >= t; u32 sort), the survivors k >= t as a bit mask of the thread's
+ * elements (one compare pass, only in threads with M1 >= t), their exclusive
+ * scan, then the survivors unranked in the candidate slots when they fit
+ * PK_CAP, else ranked by counting (<= PK_SMAX) or by the exact radix select
  * over the tile; each candidate's key is pk_fkey(float(h)) (pw_key), the key
- * pk_topk3 writes, rebuilt from k (pp_half).
+ * pk_topk3 writes, from h loaded again (one 2-byte load per survivor).
  * Exactness: k orders the tile's elements as their coarse keys do (ties
- * included), so the survivor set, and with it every candidate slot, is
- * pk_topk3's; rows that are not fast (T outside pk_fast_row's range) take
- * pk_topk3's exact radix select, the same code. */
+ * included), so the survivor set is pk_topk3's over the same tile and the
+ * merge (pk2_last, composite keys: slot order does not matter) selects the same
+ * K; rows that are not fast (T outside pk_fast_row's range) take pk_topk3's
+ * exact radix select, the same code.
+ * H200 (2026-12-01, top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 /
+ * 64): 15.1-15.3 / 15.1 / 17.2-17.6 / 19.7-19.8 / 22.7-22.8; pk_topk3 (pk_topk2 at
+ * B = 1) 17.3 / 16.6-16.8 / 20.4 / 27.3 / 41.4. */
 #ifndef DYADIC_PROPOSE_PACKED_CUH
 #define DYADIC_PROPOSE_PACKED_CUH
 
