@@ -166,27 +166,17 @@ DC_FN void pp_kernel(
       pk_rank_emit(S, kk, [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; }, ps);
       used = kk;
     }
-  } else {
-    /* 64-bit keys (T outside the fast range): pk_topk3's exact radix select */
-    auto at = [&](int i) -> u64 {
-      int bad;
-      return rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
-    };
-    for (int i = tid; i < n; i += PK_NT) {
-      int bad;
-      rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
-      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
-    }
-    const DcSel s = block_select(at, n, kk, sh, 56);
-    block_compact([&](int i) { return sel_has(s, at(i), i); },
-                  [&](int i, int rnk) { ck[rnk] = at(i); ci[rnk] = lo + i; }, n, sh);
-    used = kk;
+  } else {  /* 64-bit keys (T outside the fast range): pk_topk3's exact radix select */
+    used = pw_exact_tile(x, xdt, bias, bdt, xoff, boff, lo, n, K, T, logits, ck, ci, &mybad, sh);
   }
   if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof)) return;
   pk2_last(row, R, K, fast, fast || !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
            kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
 
+/* The entry points (pk_topk3's parameters, written out: tools/host_overhead_local.py
+ * reads kernel signatures from the sources): tiles of PK_NT * 16 / 32 / 64 = 8192 /
+ * 16384 / 32768 ids (DYADIC_CUDA_PK4=1 / 2 / 3). */
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
@@ -194,11 +184,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4(
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
     int* tokens, u32* counts, int* ids, int* status, int vec) {
   pp_kernel<8>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
-               do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-               tokens, counts, ids, status);
+                do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
+                tokens, counts, ids, status);
 }
 
-/* tiles of PK_NT * 32 = 16384 ids (DYADIC_CUDA_PK4=2) */
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
@@ -210,7 +199,6 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
                 tokens, counts, ids, status);
 }
 
-/* tiles of PK_NT * 64 = 32768 ids (DYADIC_CUDA_PK4=3) */
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4x(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,

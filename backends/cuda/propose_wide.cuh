@@ -78,6 +78,29 @@ DC_FN bool pw_bad(u32 b, int logits) {
   return !(b - 1u < 0x7F7FFFFFu || (b & 0x7FFFFFFFu) == 0);
 }
 
+/* A row with 64-bit keys (T outside the fast range, or bias): the exact radix select
+ * over the tile [lo, lo + n) of the row at x + xoff (keys from x again), the K best
+ * written to the candidate slots ck / ci in id order, the thread's first bad element
+ * into *mybad (when it is still NONE_BAD).  Returns the slots used, min(K, n). */
+DC_FN int pw_exact_tile(const void* x, int xdt, const void* bias, int bdt, i64 xoff, i64 boff,
+                        int lo, int n, int K, double T, int logits, u64* ck, int* ci, u64* mybad,
+                        DcShared& sh) {
+  auto at = [&](int i) -> u64 {
+    int bad;
+    return rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
+  };
+  for (int i = threadIdx.x; i < n; i += PK_NT) {
+    int bad;
+    rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
+    if (bad && *mybad == NONE_BAD) *mybad = ((u64)(lo + i) << 8) | (u64)bad;
+  }
+  const int kk = K < n ? K : n;
+  const DcSel s = block_select(at, n, kk, sh, 56);
+  block_compact([&](int i) { return sel_has(s, at(i), i); },
+                [&](int i, int rnk) { ck[rnk] = at(i); ci[rnk] = lo + i; }, n, sh);
+  return kk;
+}
+
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
@@ -137,22 +160,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
                                 24, emit, ps, sh, pk_prof, PK_CAP, emitd);
     used = S >= 0 ? S : min(K, n);
   } else {
-    /* 64-bit keys (T outside the fast range): exact radix select over the tile,
-     * the K best written in id order */
-    auto at = [&](int i) -> u64 {
-      int bad;
-      return rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
-    };
-    for (int i = tid; i < n; i += PK_NT) {
-      int bad;
-      rank_key(load_f(x, xdt, xoff + lo + i), bias, bdt, boff + lo + i, T, logits, &bad);
-      if (bad && mybad == NONE_BAD) mybad = ((u64)(lo + i) << 8) | (u64)bad;
-    }
-    const int kk = K < n ? K : n;
-    const DcSel s = block_select(at, n, kk, sh, 56);
-    block_compact([&](int i) { return sel_has(s, at(i), i); },
-                  [&](int i, int rnk) { ck[rnk] = at(i); ci[rnk] = lo + i; }, n, sh);
-    used = kk;
+    used = pw_exact_tile(x, xdt, bias, bdt, xoff, boff, lo, n, K, T, logits, ck, ci, &mybad, sh);
   }
   if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof)) return;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
