@@ -36,6 +36,7 @@ replayed with new inputs and keys (the key fields are read from device
 memory).  Warm up once before capturing (compilation and scratch buffers).
 """
 
+import math
 import sys
 
 import numpy as np
@@ -160,23 +161,6 @@ def _leave(token):
         sctx.__exit__(None, None, None)
     if dctx is not None:
         dctx.__exit__(None, None, None)
-
-
-class _Stream:
-    """``with _Stream(backend, device):`` the same as _enter / _leave."""
-
-    def __init__(self, backend, device):
-        self.backend, self.device = backend, device
-        self.token = None
-
-    def __enter__(self):
-        self.token = _enter(self.backend, self.device)
-        return self
-
-    def __exit__(self, *exc):
-        if self.token is not None:
-            _leave(self.token)
-            self.token = None
 
 
 def _float_dtype(t, name):
@@ -351,6 +335,13 @@ def _finish(status, check, label=None):
 
 def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True, out=None):
     torch = _TORCH or _torch()
+    fkey = None
+    if not check and bias is None and type(x) is torch.Tensor:  # repeat calls: _fast
+        fkey = (_FAST or _fast()).allocate_key(x, logits, temperature, top_k, policy, backend)
+        if fkey is not None:
+            r = _FAST.allocate(fkey, x, out)
+            if r is not None:
+                return r
     code = _validate.policy(policy)
     be = _backend.get(backend)
     x2, b2, batch_shape, v, kind = _x_bias(x, bias, "x", be)
@@ -368,22 +359,26 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
             if not torch.cuda.is_current_stream_capturing():  # filled only at replay there
                 _ONES_F64[(dev, batch)] = temp
     width = _validate.top_k(top_k, v)
-    counts, ids, status = _outputs(out, dev, (
-        ("counts", (batch, width or v), torch.uint32),
-        ("ids", (batch, width), torch.int32) if width else None,
-        ("status", (batch,), torch.int32)))
+    specs = (("counts", (batch, width or v), torch.uint32),
+             ("ids", (batch, width), torch.int32) if width else None,
+             ("status", (batch,), torch.int32))
+    counts, ids, status = _outputs(out, dev, specs)
     if batch:
         tok = _enter(backend, dev)
         try:
             be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
+            if fkey is not None and width and x2 is x:  # in x's device context
+                _FAST.remember_allocate(fkey, be, backend, batch, v, x.dtype, width, policy,
+                                        code, logits, specs, temp)
         finally:
             if tok is not None:
                 _leave(tok)
     if check:
         _finish(status, check, _row_label(batch_shape))
-    shape = batch_shape + (counts.shape[-1],)
-    return Dyadic(_back(counts.reshape(shape), kind),
-                  None if ids is None else _back(ids.reshape(shape), kind),
+    if len(batch_shape) != 1:  # a batch of one dimension: the outputs themselves
+        shape = batch_shape + (counts.shape[-1],)
+        counts, ids = counts.reshape(shape), None if ids is None else ids.reshape(shape)
+    return Dyadic(_back(counts, kind), None if ids is None else _back(ids, kind),
                   vocab_size=v, policy=policy, _trusted=True)
 
 
@@ -432,19 +427,37 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
 
 def draw(q, keys, *, backend, check=True, out=None):
     torch = _TORCH or _torch()
+    fkey = None
+    if not check:  # repeat calls: _fast
+        fkey = (_FAST or _fast()).draw_key(q, backend)
+        if fkey is not None:
+            r = _FAST.draw(fkey, q, keys, out)
+            if r is not None:
+                return r
     be = _backend.get(backend)
     counts, _ = _as_torch(q.counts)
     ids = None if q.ids is None else _as_torch(q.ids)[0]
     kind = "torch" if isinstance(q.counts, torch.Tensor) else "cupy"
-    batch = int(np.prod(q.batch_shape, dtype=np.int64))
+    batch_shape = q.batch_shape
+    batch = math.prod(batch_shape)
     c2 = counts.reshape(batch, q.width).contiguous()
     i2 = None if ids is None else ids.reshape(batch, q.width).contiguous()
-    k = _keys(keys, batch, c2.device, check)
-    tokens = _get_out(out, "tokens", (batch,), torch.int32, c2.device)
+    dev = c2.device
+    k = _keys(keys, batch, dev, check)
+    specs = (("tokens", (batch,), torch.int32),)
+    (tokens,) = _outputs(out, dev, specs)
     if batch:
-        with _Stream(backend, c2.device):
+        tok = _enter(backend, dev)
+        try:
             be.draw(c2, i2, *k, tokens)
-    return _back(tokens.reshape(q.batch_shape), kind)
+            if (fkey is not None and c2.data_ptr() == counts.data_ptr()
+                    and (ids is None or i2.data_ptr() == ids.data_ptr())):  # same arrays
+                _FAST.remember_draw(fkey, be, backend, tuple(c2.shape), ids is not None, specs)
+        finally:
+            if tok is not None:
+                _leave(tok)
+    # a batch of one dimension returns ``out["tokens"]`` itself (as propose and verify do)
+    return _back(tokens if len(batch_shape) == 1 else tokens.reshape(batch_shape), kind)
 
 
 def _on(t, dev_index, torch):

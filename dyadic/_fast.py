@@ -1,21 +1,23 @@
 """The repeat-call fast path of the GPU API (backend "cuda", torch tensors).
 
-An eager ``propose`` (``check=False``) or ``verify`` (``check=False`` / ``"lazy"``)
-whose configuration was seen before skips the general path's conversions and
-layers (dyadic._device, then the backend's argument handling) and makes the same
-kernel launches directly.
+An eager ``propose``, top-k ``allocate`` or ``draw`` (``check=False``) or ``verify``
+(``check=False`` / ``"lazy"``) whose configuration was seen before skips the general
+path's conversions and layers (dyadic._device, then the backend's argument
+handling) and makes the same kernel launches directly.
 
 How it stays the same call:
 
 - A configuration (the cache key below) gets an entry only after the full path
   has run it successfully; the entry holds the backend's launcher
-  (``CupyBackend.propose_launcher`` / ``verify_launcher``), which builds the same
+  (``CupyBackend.propose_launcher`` / ``allocate_launcher`` / ``draw_launcher`` /
+  ``verify_launcher``), which builds the same
   arguments as the full path (``tools/host_overhead_local.py --trace-diff``
   compares the launches of two trees).
 - Everything the full path would decide per call and the key does not fix is
   checked here: input contiguity, the key fields (contiguous int32 / int64 /
   uint32 / uint64 CUDA tensors of shape (B,) or (1,)), draft and q on the
-  target's device, contiguous, with the shapes and width of the entry.  When
+  target's device, contiguous, with the shapes and width of the entry (draw: q's
+  ids on its counts' device, contiguous, of its shape and int32).  When
   any of these does not hold, the call returns None and the caller takes the
   full path, which converts or raises exactly as it always did.
 - ``out=`` is checked by the same function as the full path (dyadic._device
@@ -24,9 +26,10 @@ How it stays the same call:
   (A/B switches and tests clear it).
 
 Keys: propose (backend, logits shape, dtype, device, temperature, top_k,
-policy) with a Python float / int temperature; verify (backend, lazy, target
-shape, dtype, device, q width and sparse, or None).  At most ``_MAX`` entries (cleared
-when full).
+policy) with a Python float / int temperature; allocate (the same with logits,
+top_k an int, no bias); draw (backend, q's counts shape, dtype and device, sparse);
+verify (backend, lazy, target shape, dtype, device, q width and sparse, or None).
+At most ``_MAX`` entries per primitive (cleared when full).
 """
 
 from . import _device as _dev
@@ -34,6 +37,8 @@ from ._types import Dyadic, Keys, Verdict
 
 _MAX = 256
 _PROPOSE = {}
+_ALLOCATE = {}
+_DRAW = {}
 _VERIFY = {}
 _KEY_BITS = {}  # torch key dtype -> format bits (1: 8-byte field); filled with torch
 
@@ -126,6 +131,123 @@ def remember_propose(key, be, backend, batch, v, dtype, width, policy, code, spe
     if len(_PROPOSE) >= _MAX:
         _PROPOSE.clear()
     _PROPOSE[key] = FastPropose(launcher, backend, batch, v, policy, specs, temp)
+
+
+class FastAllocate:
+    """One top-k allocate configuration: [B, V] logits or weights of one dtype on one
+    device, a cached temperature tensor (ones for weights), no bias."""
+
+    __slots__ = ("launcher", "backend", "v", "policy", "specs", "temp_ptr", "temp")
+
+    def __init__(self, launcher, backend, v, policy, specs, temp):
+        self.launcher, self.backend, self.v, self.policy = launcher, backend, v, policy
+        self.specs, self.temp = specs, temp
+        self.temp_ptr = temp.data_ptr()
+
+    def __call__(self, x, out):
+        if not x.is_contiguous() or not self.launcher.valid():
+            return None
+        dev = x.device
+        counts, ids, status = _dev._outputs(out, dev, self.specs)
+        tok = _dev._enter(self.backend, dev)
+        try:
+            self.launcher.run(x.data_ptr(), self.temp_ptr, counts.data_ptr(), ids.data_ptr(),
+                              status.data_ptr())
+        finally:
+            if tok is not None:
+                _dev._leave(tok)
+        return Dyadic(counts, ids, vocab_size=self.v, policy=self.policy, _trusted=True)
+
+
+def allocate_key(x, logits, temperature, top_k, policy, backend):
+    """The cache key of an allocate call (check False, no bias), or None where the fast
+    path never applies (dense q, a temperature that is not a Python float / int)."""
+    tt = type(temperature)
+    if (tt is not float and tt is not int) or type(top_k) is not int or type(policy) is not str:
+        return None
+    return (backend, x.shape, x.dtype, x.device, bool(logits), temperature, top_k, policy)
+
+
+def allocate(key, x, out):
+    fa = _ALLOCATE.get(key)
+    return None if fa is None else fa(x, out)
+
+
+def remember_allocate(key, be, backend, batch, v, dtype, width, policy, code, logits, specs,
+                      temp):
+    """After a successful full-path top-k allocate: an entry for ``key`` where the backend
+    has a launcher (called inside the call's device context)."""
+    make = getattr(be, "allocate_launcher", None)
+    launcher = None if make is None else make(batch, v, dtype, width, code, logits)
+    if launcher is None:
+        return
+    if len(_ALLOCATE) >= _MAX:
+        _ALLOCATE.clear()
+    _ALLOCATE[key] = FastAllocate(launcher, backend, v, policy, specs, temp)
+
+
+class FastDraw:
+    """One draw configuration: q's counts [B, w] (uint32) on one device, ids [B, w] or
+    None."""
+
+    __slots__ = ("launcher", "backend", "batch", "shape", "sparse", "specs")
+
+    def __init__(self, launcher, backend, shape, sparse, specs):
+        self.launcher, self.backend, self.shape, self.sparse = launcher, backend, shape, sparse
+        self.batch, self.specs = shape[0], specs
+
+    def __call__(self, q, keys, out):
+        counts = q._counts
+        if not counts.is_contiguous() or not self.launcher.valid():
+            return None
+        ids = q._ids
+        if self.sparse:
+            torch = _dev._TORCH
+            if (not _dev._on(ids, counts.get_device(), torch) or ids.shape != self.shape
+                    or ids.dtype != torch.int32):
+                return None
+            ids = ids.data_ptr()
+        k = device_keys(keys, self.batch)
+        if k is None:
+            return None
+        dev = counts.device
+        (tokens,) = _dev._outputs(out, dev, self.specs)
+        tok = _dev._enter(self.backend, dev)
+        try:
+            self.launcher.run(counts.data_ptr(), ids, k[0], k[1], tokens.data_ptr())
+        finally:
+            if tok is not None:
+                _dev._leave(tok)
+        return tokens
+
+
+def draw_key(q, backend):
+    """The cache key of a draw call (check False), or None where the fast path never
+    applies (q not a Dyadic of torch tensors, counts not [B, w])."""
+    if type(q) is not Dyadic:
+        return None
+    c, i = q._counts, q._ids
+    tt = _dev._TORCH.Tensor
+    if type(c) is not tt or c.dim() != 2 or (i is not None and type(i) is not tt):
+        return None
+    return (backend, c.shape, c.dtype, c.device, i is not None)
+
+
+def draw(key, q, keys, out):
+    fd = _DRAW.get(key)
+    return None if fd is None else fd(q, keys, out)
+
+
+def remember_draw(key, be, backend, shape, sparse, specs):
+    """After a successful full-path draw: an entry for ``key`` where the backend has a
+    launcher (called inside the call's device context)."""
+    make = getattr(be, "draw_launcher", None)
+    launcher = None if make is None else make(int(shape[0]), int(shape[1]))
+    if launcher is None:
+        return
+    if len(_DRAW) >= _MAX:
+        _DRAW.clear()
+    _DRAW[key] = FastDraw(launcher, backend, shape, sparse, specs)
 
 
 class FastVerify:

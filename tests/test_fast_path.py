@@ -7,9 +7,10 @@ driver: launches are recorded, not run; CPU torch tensors pass as CUDA tensors):
   cases) made twice gives the same result or error and the same launches both
   times: the second call of a cached configuration takes the fast path;
 - with the full path's argument handling replaced by functions that fail, a
-  repeated call still succeeds with the same launches (it never reached them),
-  while a call the fast path does not serve (host keys, a non-contiguous input, a
-  new shape, a cleared backend plan) reaches them;
+  repeated propose / verify / top-k allocate / draw still succeeds with the same
+  launches (it never reached them), while a call the fast path does not serve
+  (host keys, a non-contiguous input, a new temperature or top_k, a dense
+  allocate, check=True, a cleared backend plan) reaches them;
 - entries are made while the call's device context is entered (the backend's
   plans are per device).
 """
@@ -72,6 +73,14 @@ _SCRIPT = textwrap.dedent("""
                                                 check=False),
             "lazy": lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd, backend="cuda",
                                           check="lazy", out=d["vout"]),
+            "allocate": lambda: dyadic.allocate(d["probs"], top_k=32, backend="cuda",
+                                                check=False, out=d["aout"]),
+            "allocate_logits": lambda: dyadic.allocate(d["logits"], logits=True, top_k=32,
+                                                       temperature=0.7, backend="cuda",
+                                                       check=False),
+            "draw": lambda: dyadic.draw(d["q1"], kd, backend="cuda", check=False,
+                                        out=d["dout"]),
+            "draw_noout": lambda: dyadic.draw(d["q1"], kd, backend="cuda", check=False),
         }
 
     def launches(fn):
@@ -83,7 +92,8 @@ _SCRIPT = textwrap.dedent("""
 
     out = {}
     first = {name: launches(fn) for name, fn in calls().items()}
-    out["entries"] = [len(_fast._PROPOSE), len(_fast._VERIFY)]
+    out["entries"] = [len(_fast._PROPOSE), len(_fast._VERIFY), len(_fast._ALLOCATE),
+                      len(_fast._DRAW)]
 
     def boom(*a, **k):
         raise AssertionError("full path")
@@ -104,7 +114,14 @@ _SCRIPT = textwrap.dedent("""
                                                 backend="cuda", check=False)),
             ("checked", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
                                               backend="cuda", check=True)),
-            ("plans_cleared", lambda: (cb._PLANS.clear(), calls()["propose"]()))):
+            ("alloc_dense", lambda: dyadic.allocate(d["probs"], backend="cuda", check=False)),
+            ("alloc_new_k", lambda: dyadic.allocate(d["probs"], top_k=16, backend="cuda",
+                                                    check=False)),
+            ("draw_checked", lambda: dyadic.draw(d["q1"], kd, backend="cuda", check=True)),
+            ("draw_host_keys", lambda: dyadic.draw(d["q1"], dyadic.Keys(seed=1),
+                                                   backend="cuda", check=False)),
+            ("plans_cleared", lambda: (cb._PLANS.clear(), calls()["propose"]())),
+            ("draw_plans_cleared", lambda: (cb._PLANS.clear(), calls()["draw"]()))):
         try:
             fn()
             served[label] = "fast"
@@ -119,11 +136,14 @@ def test_fast_path_taken_and_falls_back():
     r = _run(["-c", _SCRIPT])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["entries"][0] >= 1 and out["entries"][1] >= 3
-    for name in ("propose", "propose_out", "verify", "verify_sparse", "verify_noq", "lazy"):
+    assert out["entries"] == [1, 4, 2, 1]
+    for name in ("propose", "propose_out", "verify", "verify_sparse", "verify_noq", "lazy",
+                 "allocate", "allocate_logits", "draw", "draw_noout"):
         assert out[name] is True, (name, out[name])
-    assert out["fallback"] == {"host_keys": "full", "noncontig": "full", "new_temp": "full",
-                               "checked": "full", "plans_cleared": "full"}
+    assert out["fallback"] == {
+        "host_keys": "full", "noncontig": "full", "new_temp": "full", "checked": "full",
+        "alloc_dense": "full", "alloc_new_k": "full", "draw_checked": "full",
+        "draw_host_keys": "full", "plans_cleared": "full", "draw_plans_cleared": "full"}
 
 
 _CONTEXT_SCRIPT = textwrap.dedent("""
@@ -147,7 +167,7 @@ _CONTEXT_SCRIPT = textwrap.dedent("""
             leave(token[1])
 
     _device._enter, _device._leave = counted_enter, counted_leave
-    for name in ("propose_launcher", "verify_launcher"):
+    for name in ("propose_launcher", "verify_launcher", "allocate_launcher", "draw_launcher"):
         made = getattr(cb.CupyBackend, name)
         def spy(self, *a, _made=made, _name=name):
             seen.append([_name, depth[0]])
@@ -157,6 +177,8 @@ _CONTEXT_SCRIPT = textwrap.dedent("""
                    check=False)
     dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"], backend="cuda", check=False)
     dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"], backend="cuda", check="lazy")
+    dyadic.allocate(d["probs"], top_k=32, backend="cuda", check=False)
+    dyadic.draw(d["q1"], d["keys"], backend="cuda", check=False)
     print(json.dumps(seen))
 """)
 
@@ -167,4 +189,5 @@ def test_entries_made_in_the_device_context():
     r = _run(["-c", _CONTEXT_SCRIPT])
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
-    assert seen == [["propose_launcher", 1], ["verify_launcher", 1], ["verify_launcher", 1]]
+    assert seen == [["propose_launcher", 1], ["verify_launcher", 1], ["verify_launcher", 1],
+                    ["allocate_launcher", 1], ["draw_launcher", 1]]

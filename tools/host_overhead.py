@@ -10,7 +10,8 @@ python tools/host_overhead.py [--reps 2000] [--out DIR]
 2. Host time of one eager call (perf_counter around the call, the launch queue idle:
    synchronised before each call, outside the timed region; check
    False, device keys, out=), median of --reps calls after warm-up, for both launch
-   modes: propose top-32 bf16, verify k=5 dense, allocate top-32 f32; B = 1, 4, 64.
+   modes: propose top-32 bf16, verify k=5 dense (check=False and "lazy"), allocate
+   top-32 f32, draw from a top-32 q; B = 1, 4, 64.
 3. cProfile top-20 of propose B=1 (driver mode).
 Prints a table at the end (and writes host_overhead.json / profile_host.txt to --out).
 """
@@ -187,6 +188,8 @@ def main():
     for B in (1, 4, 64):
         d = inputs(B, g)
         po, vo, ao = outs(B)
+        q1 = dyadic.allocate(d["pr32"], top_k=32, backend="cuda")  # [B, 32] for draw
+        do = {"tokens": torch.empty(B, dtype=torch.int32, device="cuda")}
         calls = {
             "propose_top32": lambda: dyadic.propose(d["logits"], d["keys"], top_k=32,
                                                     temperature=0.7, backend="cuda",
@@ -195,6 +198,10 @@ def main():
                                                      backend="cuda", check=False, out=vo),
             "allocate_top32": lambda: dyadic.allocate(d["pr32"], top_k=32, backend="cuda",
                                                       check=False, out=ao),
+            "verify_k5_lazy": lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"],
+                                                    backend="cuda", check="lazy", out=vo),
+            "draw_top32": lambda: dyadic.draw(q1, d["keys"], backend="cuda", check=False,
+                                              out=do),
         }
         for name, fn in calls.items():
             r = {"B": B, "call": name}

@@ -777,27 +777,67 @@ class CupyBackend:
             _PLANS[pk] = plan
         return plan
 
-    def propose_launcher(self, batch, v, x_dtype, top_k, policy):
-        """A launcher for eager propose calls shaped like this one: torch logits [B, V] of
-        ``x_dtype``, no bias, top_k on the one-launch path (pk_topk2 / pk_topk3), a draw;
-        None for any other call.  ``launcher.run(x_ptr, temp_ptr, kptrs, kfmt, outs)`` makes
-        the launch the full path makes (``outs``: tokens, counts, ids, status pointers);
-        ``launcher.valid()`` is False once the plan it uses has left _PLANS (cleared by A/B
-        switches and tests)."""
+    def _topk_launcher(self, batch, v, x_dtype, top_k, policy, logits, do_draw):
+        """The one-launch top-k path (pk_topk2 / 3 / 4*) of _alloc for torch x [B, V] of
+        ``x_dtype`` without bias: ``run(x_ptr, temp_ptr, kptrs, kfmt, outs)`` (``outs``:
+        tokens, counts, ids, status pointers), None where _alloc takes another path."""
         code = _X_CODES.get(x_dtype)
-        wide = _pk_route(top_k, True, batch, v, code is not None and int(code) != 0)
-        if wide is None or code is None:
+        if code is None:
+            return None
+        wide = _pk_route(top_k, True, batch, v, bool(logits) and int(code) != 0)
+        if wide is None:
             return None
         k, dev = int(top_k), _device_id()
         plan = self._pk_plan(wide, batch, v, k, dev)
         head = (code, _NULL, _I32[0], _I32[0])
-        tail = (_I32[1], _I32[1], _I32[v])  # logits, greedy_ok, V
+        tail = (_I32[int(bool(logits))], _I32[int(do_draw)], _I32[v])  # logits, greedy_ok, V
+        draw = int(do_draw)
 
         def run(x_ptr, temp_ptr, kptrs, kfmt, outs):
-            _pk_run(plan, wide, (x_ptr, *head, temp_ptr, *tail), k, policy, 1, kptrs, kfmt,
+            _pk_run(plan, wide, (x_ptr, *head, temp_ptr, *tail), k, policy, draw, kptrs, kfmt,
                     outs)
 
         return _Launcher(run, ("pk3" if wide else "pk2", dev, batch, v, k), plan)
+
+    def propose_launcher(self, batch, v, x_dtype, top_k, policy):
+        """A launcher for eager propose calls shaped like this one: torch logits [B, V] of
+        ``x_dtype``, no bias, top_k on the one-launch path (pk_topk2 / pk_topk3 /
+        pk_topk4*), a draw; None for any other call.  ``launcher.run(x_ptr, temp_ptr,
+        kptrs, kfmt, outs)`` makes the launch the full path makes (``outs``: tokens, counts,
+        ids, status pointers); ``launcher.valid()`` is False once the plan it uses has left
+        _PLANS (cleared by A/B switches and tests)."""
+        return self._topk_launcher(batch, v, x_dtype, top_k, policy, True, True)
+
+    def allocate_launcher(self, batch, v, x_dtype, top_k, policy, logits):
+        """The same for eager top-k allocate calls (logits or weights, no bias): no draw,
+        ``launcher.run(x_ptr, temp_ptr, counts, ids, status)`` (pointers)."""
+        lk = self._topk_launcher(batch, v, x_dtype, top_k, policy, logits, False)
+        if lk is None:
+            return None
+        inner = lk.run
+
+        def run(x_ptr, temp_ptr, counts, ids, status):
+            inner(x_ptr, temp_ptr, _NO_KEYS, 0, (_NULL, counts, ids, status))
+
+        lk.run = run
+        return lk
+
+    def draw_launcher(self, batch, w):
+        """A launcher for eager draw calls on torch counts [B, w] (ids [B, w] or None):
+        ``launcher.run(counts, ids, kptrs, kfmt, tokens)`` (pointers, None for no ids)
+        launches dc_draw as ``draw`` does."""
+        dev = _device_id()
+        key = ("draw", dev)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _PLANS[key] = (_kernel("dc_draw"),)
+        kern, w32, grid = plan[0], _I32[w], (batch, 1, 1)
+
+        def run(counts, ids, kptrs, kfmt, tokens):
+            kern.launch(grid, (256, 1, 1), (counts, _NULL if ids is None else ids, w32, *kptrs,
+                                             _I32[kfmt], tokens))
+
+        return _Launcher(run, key, plan)
 
     # dense allocate / propose, default path: DA_RS / DA_CAP / DA_NB of dense_alloc.cuh
     _DA_RS = 144
