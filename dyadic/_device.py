@@ -367,9 +367,9 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
         tok = _enter(backend, dev)
         try:
             be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
-            if fkey is not None and width and x2 is x:  # in x's device context
-                _FAST.remember_allocate(fkey, be, backend, batch, v, x.dtype, width, policy,
-                                        code, logits, specs, temp)
+            if fkey is not None and x2 is x:  # in x's device context
+                _FAST.remember_allocate(fkey, be, backend, batch, v, x.dtype, width or 0,
+                                        policy, code, logits, specs, temp)
         finally:
             if tok is not None:
                 _leave(tok)

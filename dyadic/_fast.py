@@ -1,6 +1,6 @@
 """The repeat-call fast path of the GPU API (backend "cuda", torch tensors).
 
-An eager ``propose``, top-k ``allocate`` or ``draw`` (``check=False``) or ``verify``
+An eager ``propose``, ``allocate`` or ``draw`` (``check=False``) or ``verify``
 (``check=False`` / ``"lazy"``) whose configuration was seen before skips the general
 path's conversions and layers (dyadic._device, then the backend's argument
 handling) and makes the same kernel launches directly.
@@ -27,7 +27,7 @@ How it stays the same call:
 
 Keys: propose (backend, logits shape, dtype, device, temperature, top_k,
 policy) with a Python float / int temperature; allocate (the same with logits,
-top_k an int, no bias); draw (backend, q's counts shape, dtype and device, sparse);
+top_k an int or None, no bias); draw (backend, q's counts shape, dtype and device, sparse);
 verify (backend, lazy, target shape, dtype, device, q width and sparse, or None).
 At most ``_MAX`` entries per primitive (cleared when full).
 """
@@ -134,8 +134,8 @@ def remember_propose(key, be, backend, batch, v, dtype, width, policy, code, spe
 
 
 class FastAllocate:
-    """One top-k allocate configuration: [B, V] logits or weights of one dtype on one
-    device, a cached temperature tensor (ones for weights), no bias."""
+    """One allocate configuration (top-k or dense): [B, V] logits or weights of one dtype
+    on one device, a cached temperature tensor (ones for weights), no bias."""
 
     __slots__ = ("launcher", "backend", "v", "policy", "specs", "temp_ptr", "temp")
 
@@ -151,8 +151,8 @@ class FastAllocate:
         counts, ids, status = _dev._outputs(out, dev, self.specs)
         tok = _dev._enter(self.backend, dev)
         try:
-            self.launcher.run(x.data_ptr(), self.temp_ptr, counts.data_ptr(), ids.data_ptr(),
-                              status.data_ptr())
+            self.launcher.run(x.data_ptr(), self.temp_ptr, counts.data_ptr(),
+                              None if ids is None else ids.data_ptr(), status.data_ptr())
         finally:
             if tok is not None:
                 _dev._leave(tok)
@@ -161,9 +161,11 @@ class FastAllocate:
 
 def allocate_key(x, logits, temperature, top_k, policy, backend):
     """The cache key of an allocate call (check False, no bias), or None where the fast
-    path never applies (dense q, a temperature that is not a Python float / int)."""
+    path never applies (a temperature that is not a Python float / int, top_k neither
+    None nor an int)."""
     tt = type(temperature)
-    if (tt is not float and tt is not int) or type(top_k) is not int or type(policy) is not str:
+    if ((tt is not float and tt is not int) or (top_k is not None and type(top_k) is not int)
+            or type(policy) is not str):
         return None
     return (backend, x.shape, x.dtype, x.device, bool(logits), temperature, top_k, policy)
 
@@ -175,8 +177,8 @@ def allocate(key, x, out):
 
 def remember_allocate(key, be, backend, batch, v, dtype, width, policy, code, logits, specs,
                       temp):
-    """After a successful full-path top-k allocate: an entry for ``key`` where the backend
-    has a launcher (called inside the call's device context)."""
+    """After a successful full-path allocate: an entry for ``key`` where the backend has a
+    launcher (``width`` 0: dense; called inside the call's device context)."""
     make = getattr(be, "allocate_launcher", None)
     launcher = None if make is None else make(batch, v, dtype, width, code, logits)
     if launcher is None:

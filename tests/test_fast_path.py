@@ -7,10 +7,10 @@ driver: launches are recorded, not run; CPU torch tensors pass as CUDA tensors):
   cases) made twice gives the same result or error and the same launches both
   times: the second call of a cached configuration takes the fast path;
 - with the full path's argument handling replaced by functions that fail, a
-  repeated propose / verify / top-k allocate / draw still succeeds with the same
+  repeated propose / verify / allocate (top-k and dense) / draw still succeeds with the same
   launches (it never reached them), while a call the fast path does not serve
-  (host keys, a non-contiguous input, a new temperature or top_k, a dense
-  allocate, check=True, a cleared backend plan) reaches them;
+  (host keys, a non-contiguous input, a new temperature, top_k or policy,
+  check=True, a cleared backend plan) reaches them;
 - entries are made while the call's device context is entered (the backend's
   plans are per device).
 """
@@ -78,6 +78,7 @@ _SCRIPT = textwrap.dedent("""
             "allocate_logits": lambda: dyadic.allocate(d["logits"], logits=True, top_k=32,
                                                        temperature=0.7, backend="cuda",
                                                        check=False),
+            "allocate_dense": lambda: dyadic.allocate(d["probs"], backend="cuda", check=False),
             "draw": lambda: dyadic.draw(d["q1"], kd, backend="cuda", check=False,
                                         out=d["dout"]),
             "draw_noout": lambda: dyadic.draw(d["q1"], kd, backend="cuda", check=False),
@@ -114,7 +115,8 @@ _SCRIPT = textwrap.dedent("""
                                                 backend="cuda", check=False)),
             ("checked", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
                                               backend="cuda", check=True)),
-            ("alloc_dense", lambda: dyadic.allocate(d["probs"], backend="cuda", check=False)),
+            ("alloc_new_policy", lambda: dyadic.allocate(d["probs"], policy="floor-first",
+                                                         backend="cuda", check=False)),
             ("alloc_new_k", lambda: dyadic.allocate(d["probs"], top_k=16, backend="cuda",
                                                     check=False)),
             ("draw_checked", lambda: dyadic.draw(d["q1"], kd, backend="cuda", check=True)),
@@ -136,13 +138,13 @@ def test_fast_path_taken_and_falls_back():
     r = _run(["-c", _SCRIPT])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["entries"] == [1, 4, 2, 1]
+    assert out["entries"] == [1, 4, 3, 1]
     for name in ("propose", "propose_out", "verify", "verify_sparse", "verify_noq", "lazy",
-                 "allocate", "allocate_logits", "draw", "draw_noout"):
+                 "allocate", "allocate_logits", "allocate_dense", "draw", "draw_noout"):
         assert out[name] is True, (name, out[name])
     assert out["fallback"] == {
         "host_keys": "full", "noncontig": "full", "new_temp": "full", "checked": "full",
-        "alloc_dense": "full", "alloc_new_k": "full", "draw_checked": "full",
+        "alloc_new_policy": "full", "alloc_new_k": "full", "draw_checked": "full",
         "draw_host_keys": "full", "plans_cleared": "full", "draw_plans_cleared": "full"}
 
 

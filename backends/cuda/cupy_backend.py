@@ -612,6 +612,24 @@ def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
     fn.launch(grid, block, args)
 
 
+def _da_run(plan, common, v, policy, do_draw, kptrs, kfmt, cnt, st, tk):
+    """The launches of _dense_da (plan: CupyBackend._da_plan) with the arguments ``common``
+    (as _pk_run's), the key pointers and format, and the counts / status / tokens pointers
+    (tokens _NULL without a draw)."""
+    dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw, batch = plan
+    vec = _I32[int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0]
+    cvec = _I32[v % 4 == 0 and int(cnt) % 16 == 0]
+    pol = _I32[policy]
+    grid, blk = (nti, batch), (256,)
+    base = common + (dt, vec)
+    kmax(grid, blk, base + (state,))
+    ksum(grid, blk, base + (state,))
+    kfloor(grid, blk, base + (pol, fine, state))
+    kmark(grid, blk, base + (pol, state, cand_r, cand_i, cnt, cvec, st))
+    if do_draw:
+        kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, _I32[kfmt], tk))
+
+
 def _v12_run(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, kfmt, a, tk, st):
     """dc_v1 then dc_v2 (plan: CupyBackend._v12_plan); every array argument a pointer."""
     (nt1, vt, nrt2, rt, k1fn, grid1, block, _, ptrs, k2fn, grid2) = plan
@@ -809,8 +827,23 @@ class CupyBackend:
         return self._topk_launcher(batch, v, x_dtype, top_k, policy, True, True)
 
     def allocate_launcher(self, batch, v, x_dtype, top_k, policy, logits):
-        """The same for eager top-k allocate calls (logits or weights, no bias): no draw,
-        ``launcher.run(x_ptr, temp_ptr, counts, ids, status)`` (pointers)."""
+        """The same for eager allocate calls (logits or weights, no bias; top_k 0: dense,
+        da2_* in four launches): no draw, ``launcher.run(x_ptr, temp_ptr, counts, ids,
+        status)`` (pointers; ids None for dense)."""
+        if not top_k:
+            code = _X_CODES.get(x_dtype)
+            if code is None or _DENSE_MODE in ("mb", "old"):
+                return None
+            dev = _device_id()
+            plan = self._da_plan(batch, v, dev)
+            head = (code, _NULL, _I32[0], _I32[0])
+            tail = (_I32[int(bool(logits))], _I32[0], _I32[v])  # logits, greedy_ok, V
+
+            def run_dense(x_ptr, temp_ptr, counts, ids, status):
+                _da_run(plan, (x_ptr, *head, temp_ptr, *tail), v, policy, False, _NO_KEYS, 0,
+                        counts, status, _NULL)
+
+            return _Launcher(run_dense, ("dense_da", dev, batch, v), plan)
         lk = self._topk_launcher(batch, v, x_dtype, top_k, policy, logits, False)
         if lk is None:
             return None
@@ -855,7 +888,12 @@ class CupyBackend:
         pointer is computed before the first launch: a failure in between would leave
         the state dirty.
         """
-        dev = _device_id()
+        plan = self._da_plan(batch, v, _device_id())
+        _da_run(plan, common, v, policy, do_draw, kptrs, kfmt, call(counts, True),
+                call(status, True), call(tokens, True) if do_draw else _NULL)
+
+    def _da_plan(self, batch, v, dev):
+        """_dense_da's launch plan (tiles, scratch, kernels), cached per (device, B, V)."""
         pk = ("dense_da", dev, batch, v)
         plan = _PLANS.get(pk)
         if plan is None:
@@ -869,22 +907,9 @@ class CupyBackend:
                     scratch("da_cand_i", 4 * batch * self._DA_CAP),
                     scratch("da_fine", 4 * batch * nti * self._DA_NB),
                     *(_kernel("da2_" + n) for n in ("max", "sum", "floor", "mark")),
-                    _kernel("dc_draw"))
+                    _kernel("dc_draw"), batch)
             _PLANS[pk] = plan
-        dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw = plan
-        cnt, st = call(counts, True), call(status, True)
-        tk = call(tokens, True) if do_draw else _NULL
-        vec = _I32[int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0]
-        cvec = _I32[v % 4 == 0 and int(cnt) % 16 == 0]
-        pol = _I32[policy]
-        grid, blk = (nti, batch), (256,)
-        base = common + (dt, vec)
-        kmax(grid, blk, base + (state,))
-        ksum(grid, blk, base + (state,))
-        kfloor(grid, blk, base + (pol, fine, state))
-        kmark(grid, blk, base + (pol, state, cand_r, cand_i, cnt, cvec, st))
-        if do_draw:
-            kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, _I32[kfmt], tk))
+        return plan
 
     def _dense_mb(self, common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                   status):
