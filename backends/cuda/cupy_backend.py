@@ -20,7 +20,10 @@ Launch structure:
 - top-k allocate / propose, top_k <= 32: ONE launch of ``pk_topk2``
   (``propose_fast.cuh``, grid (ceil(V / 4096), B)) or, without bias and from
   about B = 2 at V = 129280, ``pk_topk3`` (``propose_wide.cuh``, grid
-  (ceil(V / 8192), B)); DYADIC_CUDA_PK=auto (default) / 2 / 3 / 0
+  (ceil(V / 8192), B)); for bfloat16 / float16 logits without bias at every
+  batch, ``pk_topk4`` / ``4w`` / ``4x`` (``propose_packed.cuh``: pk_topk3 on
+  packed 16-bit keys, tiles of 8192 / 16384 / 32768 ids, the smallest whose
+  grid fits one wave; DYADIC_CUDA_PK4); DYADIC_CUDA_PK=auto (default) / 2 / 3 / 0
   (``dc_topk``): per-thread coarse keys in registers, a bound from the
   warps' sorted maxima, survivors kept; the last block of the row (atomic
   counter after a release fence, ``dc_elect_last``) merges the candidates and runs the
