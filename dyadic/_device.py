@@ -51,8 +51,9 @@ GPU_BACKENDS = _backend.GPU_BACKENDS
 # does only per-call work: dtype checks against cached dtype objects, no reshape of an
 # already [B, V] contiguous tensor, the raw stream handle from torch (no Stream object),
 # and CuPy's stream context only where CuPy's current stream is not already torch's.
-# A propose / verify whose configuration already ran here (check=False / "lazy", torch
-# tensors) is served by dyadic/_fast.py: the same launches from a cached launcher.
+# A propose / allocate / draw / verify whose configuration already ran here (check=False /
+# "lazy", torch tensors) is served by dyadic/_fast.py: the same launches from a cached
+# launcher.
 _TORCH = None
 _FLOATS = ()  # torch.float32 / float16 / bfloat16, once torch is imported
 _RAW_STREAM = None  # torch._C._cuda_getCurrentRawStream (or None: current_stream())
@@ -281,10 +282,6 @@ def _outputs(out, device, specs):
                              f"{t.dtype} {tuple(t.shape)}")
         got.append(t)
     return got
-
-
-def _get_out(out, name, shape, dtype, device):
-    return _outputs(out, device, ((name, shape, dtype),))[0]
 
 
 def _x_bias(x, bias, name, be):

@@ -76,6 +76,38 @@ def device_keys(keys, batch):
     return ptrs, fmt
 
 
+def _launch(backend, dev, run, *args):
+    """``run(*args)`` inside the call's stream / device context (dyadic._device's
+    _enter / _leave, as the full path)."""
+    tok = _dev._enter(backend, dev)
+    try:
+        run(*args)
+    finally:
+        if tok is not None:
+            _dev._leave(tok)
+
+
+def _store(table, key, be, maker, args, entry):
+    """``table[key] = entry(launcher)`` where the backend's ``maker(*args)`` gives a
+    launcher for the configuration (None: the full path takes a route the fast path does
+    not cover); the table is cleared when it holds ``_MAX`` entries."""
+    make = getattr(be, maker, None)
+    launcher = None if make is None else make(*args)
+    if launcher is None:
+        return
+    if len(table) >= _MAX:
+        table.clear()
+    table[key] = entry(launcher)
+
+
+def _scalar_config(temperature, top_k, policy, dense_ok):
+    """The temperature a Python float / int, top_k an int (or None where ``dense_ok``),
+    policy a string: the arguments a cache key can hold as they are."""
+    tt = type(temperature)
+    return ((tt is float or tt is int) and type(policy) is str
+            and (type(top_k) is int or (dense_ok and top_k is None)))
+
+
 class FastPropose:
     """One propose configuration: [B, V] logits of one dtype on one device, a cached
     temperature tensor, top_k on the backend's one-launch path."""
@@ -95,21 +127,14 @@ class FastPropose:
             return None
         dev = logits.device
         tokens, counts, ids, status = _dev._outputs(out, dev, self.specs)
-        tok = _dev._enter(self.backend, dev)
-        try:
-            self.launcher.run(logits.data_ptr(), self.temp_ptr, k[0], k[1],
-                              (tokens.data_ptr(), counts.data_ptr(), ids.data_ptr(),
-                               status.data_ptr()))
-        finally:
-            if tok is not None:
-                _dev._leave(tok)
+        _launch(self.backend, dev, self.launcher.run, logits.data_ptr(), self.temp_ptr, k[0],
+                k[1], (tokens.data_ptr(), counts.data_ptr(), ids.data_ptr(), status.data_ptr()))
         return tokens, Dyadic(counts, ids, vocab_size=self.v, policy=self.policy, _trusted=True)
 
 
 def propose_key(logits, temperature, top_k, policy, backend):
     """The cache key of a propose call, or None where the fast path never applies."""
-    tt = type(temperature)
-    if (tt is not float and tt is not int) or type(top_k) is not int or type(policy) is not str:
+    if not _scalar_config(temperature, top_k, policy, False):
         return None
     return (backend, logits.shape, logits.dtype, logits.device, temperature, top_k, policy)
 
@@ -124,13 +149,8 @@ def remember_propose(key, be, backend, batch, v, dtype, width, policy, code, spe
     a launcher for this configuration (``width``: the support size min(top_k, V),
     ``code``: the policy's number, ``temp``: the temperature tensor the call used).
     Called inside the call's device context: the backend's plans are per device."""
-    make = getattr(be, "propose_launcher", None)
-    launcher = None if make is None else make(batch, v, dtype, width, code)
-    if launcher is None:
-        return
-    if len(_PROPOSE) >= _MAX:
-        _PROPOSE.clear()
-    _PROPOSE[key] = FastPropose(launcher, backend, batch, v, policy, specs, temp)
+    _store(_PROPOSE, key, be, "propose_launcher", (batch, v, dtype, width, code),
+           lambda lk: FastPropose(lk, backend, batch, v, policy, specs, temp))
 
 
 class FastAllocate:
@@ -149,13 +169,8 @@ class FastAllocate:
             return None
         dev = x.device
         counts, ids, status = _dev._outputs(out, dev, self.specs)
-        tok = _dev._enter(self.backend, dev)
-        try:
-            self.launcher.run(x.data_ptr(), self.temp_ptr, counts.data_ptr(),
-                              None if ids is None else ids.data_ptr(), status.data_ptr())
-        finally:
-            if tok is not None:
-                _dev._leave(tok)
+        _launch(self.backend, dev, self.launcher.run, x.data_ptr(), self.temp_ptr,
+                counts.data_ptr(), None if ids is None else ids.data_ptr(), status.data_ptr())
         return Dyadic(counts, ids, vocab_size=self.v, policy=self.policy, _trusted=True)
 
 
@@ -163,9 +178,7 @@ def allocate_key(x, logits, temperature, top_k, policy, backend):
     """The cache key of an allocate call (check False, no bias), or None where the fast
     path never applies (a temperature that is not a Python float / int, top_k neither
     None nor an int)."""
-    tt = type(temperature)
-    if ((tt is not float and tt is not int) or (top_k is not None and type(top_k) is not int)
-            or type(policy) is not str):
+    if not _scalar_config(temperature, top_k, policy, True):
         return None
     return (backend, x.shape, x.dtype, x.device, bool(logits), temperature, top_k, policy)
 
@@ -179,13 +192,8 @@ def remember_allocate(key, be, backend, batch, v, dtype, width, policy, code, lo
                       temp):
     """After a successful full-path allocate: an entry for ``key`` where the backend has a
     launcher (``width`` 0: dense; called inside the call's device context)."""
-    make = getattr(be, "allocate_launcher", None)
-    launcher = None if make is None else make(batch, v, dtype, width, code, logits)
-    if launcher is None:
-        return
-    if len(_ALLOCATE) >= _MAX:
-        _ALLOCATE.clear()
-    _ALLOCATE[key] = FastAllocate(launcher, backend, v, policy, specs, temp)
+    _store(_ALLOCATE, key, be, "allocate_launcher", (batch, v, dtype, width, code, logits),
+           lambda lk: FastAllocate(lk, backend, v, policy, specs, temp))
 
 
 class FastDraw:
@@ -214,12 +222,8 @@ class FastDraw:
             return None
         dev = counts.device
         (tokens,) = _dev._outputs(out, dev, self.specs)
-        tok = _dev._enter(self.backend, dev)
-        try:
-            self.launcher.run(counts.data_ptr(), ids, k[0], k[1], tokens.data_ptr())
-        finally:
-            if tok is not None:
-                _dev._leave(tok)
+        _launch(self.backend, dev, self.launcher.run, counts.data_ptr(), ids, k[0], k[1],
+                tokens.data_ptr())
         return tokens
 
 
@@ -243,13 +247,8 @@ def draw(key, q, keys, out):
 def remember_draw(key, be, backend, shape, sparse, specs):
     """After a successful full-path draw: an entry for ``key`` where the backend has a
     launcher (called inside the call's device context)."""
-    make = getattr(be, "draw_launcher", None)
-    launcher = None if make is None else make(int(shape[0]), int(shape[1]))
-    if launcher is None:
-        return
-    if len(_DRAW) >= _MAX:
-        _DRAW.clear()
-    _DRAW[key] = FastDraw(launcher, backend, shape, sparse, specs)
+    _store(_DRAW, key, be, "draw_launcher", (int(shape[0]), int(shape[1])),
+           lambda lk: FastDraw(lk, backend, shape, sparse, specs))
 
 
 class FastVerify:
@@ -290,13 +289,8 @@ class FastVerify:
         if k is None:
             return None
         accepted, tokens, status = _dev._outputs(out, dev, self.specs)
-        tok = _dev._enter(self.backend, dev)
-        try:
-            self.launcher.run(target.data_ptr(), draft.data_ptr(), qc, qi, g, k[0], k[1],
-                              accepted.data_ptr(), tokens.data_ptr(), status.data_ptr())
-        finally:
-            if tok is not None:
-                _dev._leave(tok)
+        _launch(self.backend, dev, self.launcher.run, target.data_ptr(), draft.data_ptr(), qc,
+                qi, g, k[0], k[1], accepted.data_ptr(), tokens.data_ptr(), status.data_ptr())
         return Verdict(accepted, tokens, status)
 
 
@@ -319,11 +313,6 @@ def verify(key, target, draft, q, keys, out):
 def remember_verify(key, be, backend, b, k1, v, q, lazy, specs):
     """After a successful full-path verify: an entry for ``key`` where the backend has a
     launcher for this configuration; called inside the call's device context."""
-    make = getattr(be, "verify_launcher", None)
     w = 0 if q is None else int(q._counts.shape[-1])
-    launcher = None if make is None else make(b, k1, v, w, lazy)
-    if launcher is None:
-        return
-    if len(_VERIFY) >= _MAX:
-        _VERIFY.clear()
-    _VERIFY[key] = FastVerify(launcher, backend, b, k1 - 1, v, specs, lazy)
+    _store(_VERIFY, key, be, "verify_launcher", (b, k1, v, w, lazy),
+           lambda lk: FastVerify(lk, backend, b, k1 - 1, v, specs, lazy))

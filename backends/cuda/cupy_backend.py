@@ -615,6 +615,14 @@ def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
     fn.launch(grid, block, args)
 
 
+def _common_parts(code, logits, greedy_ok, v):
+    """The arguments _alloc's launches share around x's and the temperature's pointers,
+    for x of dtype ``code`` without bias: ``(x, *head, temperature, *tail)`` is _alloc's
+    ``common`` (x, its code, bias, its code and rows, temperature, logits, greedy_ok, V)."""
+    return ((code, _NULL, _I32[0], _I32[0]),
+            (_I32[int(bool(logits))], _I32[int(bool(greedy_ok))], _I32[v]))
+
+
 def _da_run(plan, common, v, policy, do_draw, kptrs, kfmt, cnt, st, tk):
     """The launches of _dense_da (plan: CupyBackend._da_plan) with the arguments ``common``
     (as _pk_run's), the key pointers and format, and the counts / status / tokens pointers
@@ -798,27 +806,24 @@ class CupyBackend:
             _PLANS[pk] = plan
         return plan
 
-    def _topk_launcher(self, batch, v, x_dtype, top_k, policy, logits, do_draw):
-        """The one-launch top-k path (pk_topk2 / 3 / 4*) of _alloc for torch x [B, V] of
-        ``x_dtype`` without bias: ``run(x_ptr, temp_ptr, kptrs, kfmt, outs)`` (``outs``:
-        tokens, counts, ids, status pointers), None where _alloc takes another path."""
-        code = _X_CODES.get(x_dtype)
-        if code is None:
-            return None
+    def _topk_launcher(self, batch, v, code, top_k, policy, logits, do_draw):
+        """The one-launch top-k path (pk_topk2 / 3 / 4*) of _alloc for torch x [B, V] (x
+        dtype ``code``) without bias: ``(run, key, plan)`` with ``run(x_ptr, temp_ptr,
+        kptrs, kfmt, outs)`` (``outs``: tokens, counts, ids, status pointers), None where
+        _alloc takes another path."""
         wide = _pk_route(top_k, True, batch, v, bool(logits) and int(code) != 0)
         if wide is None:
             return None
         k, dev = int(top_k), _device_id()
         plan = self._pk_plan(wide, batch, v, k, dev)
-        head = (code, _NULL, _I32[0], _I32[0])
-        tail = (_I32[int(bool(logits))], _I32[int(do_draw)], _I32[v])  # logits, greedy_ok, V
+        head, tail = _common_parts(code, logits, do_draw, v)
         draw = int(do_draw)
 
         def run(x_ptr, temp_ptr, kptrs, kfmt, outs):
             _pk_run(plan, wide, (x_ptr, *head, temp_ptr, *tail), k, policy, draw, kptrs, kfmt,
                     outs)
 
-        return _Launcher(run, ("pk3" if wide else "pk2", dev, batch, v, k), plan)
+        return run, ("pk3" if wide else "pk2", dev, batch, v, k), plan
 
     def propose_launcher(self, batch, v, x_dtype, top_k, policy):
         """A launcher for eager propose calls shaped like this one: torch logits [B, V] of
@@ -827,36 +832,39 @@ class CupyBackend:
         kptrs, kfmt, outs)`` makes the launch the full path makes (``outs``: tokens, counts,
         ids, status pointers); ``launcher.valid()`` is False once the plan it uses has left
         _PLANS (cleared by A/B switches and tests)."""
-        return self._topk_launcher(batch, v, x_dtype, top_k, policy, True, True)
+        code = _X_CODES.get(x_dtype)
+        made = None if code is None else self._topk_launcher(batch, v, code, top_k, policy,
+                                                             True, True)
+        return None if made is None else _Launcher(*made)
 
     def allocate_launcher(self, batch, v, x_dtype, top_k, policy, logits):
         """The same for eager allocate calls (logits or weights, no bias; top_k 0: dense,
         da2_* in four launches): no draw, ``launcher.run(x_ptr, temp_ptr, counts, ids,
         status)`` (pointers; ids None for dense)."""
+        code = _X_CODES.get(x_dtype)
+        if code is None:
+            return None
         if not top_k:
-            code = _X_CODES.get(x_dtype)
-            if code is None or _DENSE_MODE in ("mb", "old"):
+            if _DENSE_MODE in ("mb", "old"):
                 return None
             dev = _device_id()
             plan = self._da_plan(batch, v, dev)
-            head = (code, _NULL, _I32[0], _I32[0])
-            tail = (_I32[int(bool(logits))], _I32[0], _I32[v])  # logits, greedy_ok, V
+            head, tail = _common_parts(code, logits, False, v)
 
             def run_dense(x_ptr, temp_ptr, counts, ids, status):
                 _da_run(plan, (x_ptr, *head, temp_ptr, *tail), v, policy, False, _NO_KEYS, 0,
                         counts, status, _NULL)
 
             return _Launcher(run_dense, ("dense_da", dev, batch, v), plan)
-        lk = self._topk_launcher(batch, v, x_dtype, top_k, policy, logits, False)
-        if lk is None:
+        made = self._topk_launcher(batch, v, code, top_k, policy, logits, False)
+        if made is None:
             return None
-        inner = lk.run
+        inner, key, plan = made
 
         def run(x_ptr, temp_ptr, counts, ids, status):
             inner(x_ptr, temp_ptr, _NO_KEYS, 0, (_NULL, counts, ids, status))
 
-        lk.run = run
-        return lk
+        return _Launcher(run, key, plan)
 
     def draw_launcher(self, batch, w):
         """A launcher for eager draw calls on torch counts [B, w] (ids [B, w] or None):
