@@ -27,8 +27,8 @@
  *  - a word with an all-ones exponent (NaN, +inf, -inf) sets a per-thread
  *    flag (2 operations per word); only such a thread tests its elements one
  *    by one (pw_key's status, ids in order) for the first bad id;
- *  - the running top two per 16-bit half (max.u16x2 / min.u16x2, sm_90), then
- *    the thread's largest M1 of its keys.
+ *  - the running maximum per 16-bit half (max.u16x2, sm_90), then the thread's
+ *    largest key M1.
  * Then pk_select_map's selection: t = pk_bound(M1) (at least min(K, n) keys
  * >= t; u32 sort), the survivors k >= t as a bit mask of the thread's
  * elements (one compare pass, only in threads with M1 >= t), their exclusive
@@ -49,7 +49,6 @@
 
 
 DC_FN u32 pp_max2(u32 a, u32 b) { u32 r; asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
-DC_FN u32 pp_min2(u32 a, u32 b) { u32 r; asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
 
 /* the order keys of the two 16-bit floats of x (see the header) */
 DC_FN u32 pp_keys(u32 x) {
@@ -60,8 +59,8 @@ DC_FN u32 pp_keys(u32 x) {
 /* the 16-bit float of an order key (-0.0 comes back as +0.0: the same key) */
 DC_FN u32 pp_half(u32 k) { return (k & 0x8000u) ? (k & 0x7FFFu) : (0x8000u | (0x8000u - k)); }
 
-/* element e (0..15) of the thread: word e / 2, half e % 2; its index in the tile */
-DC_FN int pp_ix(int e) { return pw_ix(e); }
+/* the order key of element e (0 .. 2 NW - 1) of the thread: word e / 2, half e % 2 (its
+ * index in the tile is pw_ix(e)) */
 template <int NW>
 DC_FN u32 pp_key_of(const u32 (&w)[NW], int e) { return (w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu; }
 
@@ -103,24 +102,22 @@ DC_FN void pp_kernel(
   if (fast) {
     const u32 em = xdt == 2 ? 0x7F807F80u : 0x7C007C00u;  /* the exponent fields */
     const u32 eo = xdt == 2 ? 0x00800080u : 0x04000400u;  /* carries an all-ones one into the sign */
-    u32 mb = 0, m1 = 0, m2 = 0;
+    u32 mb = 0, m1 = 0;
 #pragma unroll
     for (int j = 0; j < NW; ++j) {
       const u32 v = w[j];
       const u32 k = in[j >> 2] ? pp_keys(v) : 0u;
       mb |= in[j >> 2] ? (v & em) + eo : 0u;
       w[j] = k;
-      m2 = pp_max2(m2, pp_min2(m1, k));
       m1 = pp_max2(m1, k);
     }
-    const u32 a = m1 & 0xFFFFu, b = m1 >> 16, c = m2 & 0xFFFFu, d = m2 >> 16;
-    const u32 M1 = max(a, b), M2 = max(min(a, b), max(c, d));
+    const u32 M1 = max(m1 & 0xFFFFu, m1 >> 16);
     if (mb & 0x80008000u) {  /* an all-ones exponent: the thread's first bad id, if any */
 #pragma unroll
       for (int e = 0; e < 2 * NW; ++e) {  /* unrolled: w stays in registers */
         int bad = 0;
         if (in[e >> 3] && mybad == NONE_BAD) pw_key(pw_bits16(pp_half(pp_key_of(w, e)), xdt), 1, &bad);
-        if (bad) mybad = ((u64)(lo + pp_ix(e)) << 8) | (u64)bad;
+        if (bad) mybad = ((u64)(lo + pw_ix(e)) << 8) | (u64)bad;
       }
     }
     PK_STAMP(1);
@@ -142,7 +139,7 @@ DC_FN void pp_kernel(
      * registers) */
     auto each = [&](auto f) {
       for (u64 m = sm; m; m &= m - 1) {
-        const int i = pp_ix(__ffsll((long long)m) - 1);
+        const int i = pw_ix(__ffsll((long long)m) - 1);
         f(pw_key(pw_bits16(__ldg((const u16*)x + xoff + lo + i), xdt), 1, 0), i);
       }
     };
