@@ -404,12 +404,13 @@ DC_FN bool pk_elect_last(u32* counters, int row, int R, PkShared& ps) {
  * Candidate slots: [B][R][PK_CAP], padding (0, -1); R * PK_CAP <= PK_NT * PK_EPT. */
 #define PK_CAP 128
 
-/* The end of a tile block of pk_topk2 / pk_topk3: the candidate slots [used, PK_CAP)
- * padded (0, -1), the block's first bad element (mybad: this thread's; the barrier first
+/* The end of a tile block of pk_topk2 / pk_topk3 / pk_topk4*: the candidate slots [used,
+ * pad_end) padded (0, -1) (pad_end: PK_CAP, or K where the last block reads only the first
+ * K slots, pp_last), the block's first bad element (mybad: this thread's; the barrier first
  * orders it after thread 0's ps.bad = NONE_BAD) into blk_bad, then pk_elect_last. */
 DC_FN bool pk_tile_done(int used, u64 mybad, u64* ck, int* ci, u64* blk_bad, u32* counters,
-                        int row, int R, int r, PkShared& ps, int pk_prof) {
-  for (int j = used + (int)threadIdx.x; j < PK_CAP; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
+                        int row, int R, int r, PkShared& ps, int pk_prof, int pad_end = PK_CAP) {
+  for (int j = used + (int)threadIdx.x; j < pad_end; j += PK_NT) { ck[j] = 0; ci[j] = -1; }
   __syncthreads();
   if (mybad != NONE_BAD) atomicMin(&ps.bad, mybad);
   __syncthreads();

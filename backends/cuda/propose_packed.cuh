@@ -32,15 +32,18 @@
  * Then pk_select_map's selection: t = pk_bound(M1) (at least min(K, n) keys
  * >= t; u32 sort), the survivors k >= t as a bit mask of the thread's
  * elements (one compare pass, only in threads with M1 >= t), their exclusive
- * scan, then the survivors unranked in the candidate slots when they fit
- * PK_CAP, else ranked by counting (<= PK_SMAX) or by the exact radix select
- * over the tile; each candidate's key is pk_fkey(float(h)) (pw_key), the key
- * pk_topk3 writes, from h loaded again (one 2-byte load per survivor).
+ * scan, then the tile's min(K, n) best ranked by counting (pk_rank_emit over
+ * the survivors, <= PK_SMAX; else the exact radix select over the tile) into
+ * the candidate slots [0, K) in rank order; each candidate's key is
+ * pk_fkey(float(h)) (pw_key), the key pk_topk3 writes, from h loaded again (one
+ * 2-byte load per survivor).  The last block (pp_last) merges the tiles' sorted
+ * runs in a tree of warp merges instead of pk2_last's select over every slot.
  * Exactness: k orders the tile's elements as their coarse keys do (ties
- * included), so the survivor set is pk_topk3's over the same tile and the
- * merge (pk2_last, composite keys: slot order does not matter) selects the same
- * K; rows that are not fast (T outside pk_fast_row's range) take pk_topk3's
- * exact radix select, the same code.
+ * included), so each tile's run is its K best by (coarse key desc, id asc), and
+ * the K best of the row are the K largest composite keys (coarse << 32 | ~id,
+ * distinct) over the runs: pk2_last's K; rows that are not fast (T outside
+ * pk_fast_row's range) take pk_topk3's exact radix select and pk2_last, the same
+ * code.
  * H200 (2026-12-01, top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 /
  * 64): 15.1-15.3 / 15.1 / 17.2-17.6 / 19.7-19.8 / 22.7-22.8; pk_topk3 (pk_topk2 at
  * B = 1) 17.3 / 16.6-16.8 / 20.4 / 27.3 / 41.4. */
@@ -63,6 +66,73 @@ DC_FN u32 pp_half(u32 k) { return (k & 0x8000u) ? (k & 0x7FFFu) : (0x8000u | (0x
  * index in the tile is pw_ix(e)) */
 template <int NW>
 DC_FN u32 pp_key_of(const u32 (&w)[NW], int e) { return (w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu; }
+
+/* One warp: the 32 largest of the values of two runs a and b (a run: lane j holds
+ * the j-th largest of 32 values), as a run.  max(a_j, b_(31-j)) holds the 32 largest
+ * (the first step of a bitonic merge) in a bitonic order, which the five steps sort. */
+DC_FN u64 pp_merge_top(u64 a, u64 b) {
+  const int lane = threadIdx.x & 31;
+  const u64 br = __shfl_sync(0xffffffffu, b, 31 - lane);
+  u64 v = a > br ? a : br;
+#pragma unroll
+  for (int j = 16; j > 0; j >>= 1) {
+    const u64 o = __shfl_xor_sync(0xffffffffu, v, j);
+    v = (lane & j) ? (o < v ? o : v) : (o > v ? o : v);
+  }
+  return v;
+}
+
+/* The last block of a fast row (R <= 2 * PK_NT / 32 tiles, host).  Tile r's slots [0, K)
+ * hold its min(K, n_r) best in rank order (key desc, id asc), then padding (0, -1).  As
+ * composite keys (coarse << 32 | ~id: distinct, in the same order; padding 0) each tile's
+ * first K slots form a run (lanes >= K: 0), and the K best of the row are the K largest
+ * composite keys over the runs: warp w merges tiles w and w + 16, then a tree of merges
+ * over the warps (one barrier per level) leaves them in warp 0 in rank order, where the
+ * tail (pk_tail, as pk2_last's) runs on the exact keys formed from the floats the coarse
+ * keys encode.  The first bad element of the row is reduced as in pk2_last. */
+DC_FN void pp_last(
+    int row, int R, int K, bool greedy, int logits, double T, int policy, int do_draw,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
+    int* ids, int* status, PkShared& ps, DcShared& sh) {
+  constexpr int NWP = PK_NT / 32;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  int pk_prof = row == 0 ? 16 : -1;
+  PK_STAMP(0);
+  pk_prefetch_exp_table();
+  const DcKey kk = pk_key(do_draw, kseed, kgen, krnd, kpos, kfmt, row);
+  const u64* rk = cand_key + (i64)row * R * PK_CAP;
+  const int* ri = cand_id + (i64)row * R * PK_CAP;
+  auto slot = [&](int r) -> u64 {  /* tile r's entry of rank lane, composite (0: none) */
+    if (r >= R || lane >= K) return 0;
+    const i64 j = (i64)r * PK_CAP + lane;
+    return (__ldcg(&rk[j]) << 32) | (u64)(~(u32)__ldcg(&ri[j]));
+  };
+  const u64 a = slot(w), b = slot(w + NWP);
+  u64 bb = NONE_BAD;
+  for (int t = tid; t < R; t += PK_NT) { const u64 v = __ldcg(&blk_bad[(i64)row * R + t]); bb = v < bb ? v : bb; }
+  bb = block_reduce64(bb, 2, sh);
+  if (bb != NONE_BAD) { fail_sparse(row, K, (int)(bb & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
+  PK_STAMP(1);
+  u64 run = R > NWP ? pp_merge_top(a, b) : a;
+  const int nw = R < NWP ? R : NWP;
+  u64* buf = ps.sk;  /* the runs handed down a level (NWP * 32 <= PK_SMAX) */
+  for (int s = 1; s < nw; s <<= 1) {  /* block-uniform trip count */
+    if ((w & (2 * s - 1)) == s) buf[w * 32 + lane] = run;
+    __syncthreads();
+    if ((w & (2 * s - 1)) == 0 && w + s < nw) run = pp_merge_top(run, buf[(w + s) * 32 + lane]);
+  }
+  PK_STAMP(5);
+  if (tid >= 32) return;
+  /* ---- warp 0: the exact keys of the K winners, then the tail ---- */
+  const bool act = lane < K;
+  const int id = act ? (int)~(u32)run : 0x7FFFFFFF;
+  u64 key = 0;
+  if (act) { int bad; key = rank_key(pk_fval((u32)(run >> 32)), 0, 0, 0, T, logits, &bad); }
+  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status,
+          pk_prof);
+  PK_STAMP(6);
+}
 
 /* The kernel body, NW words (NW / 4 groups of 8 ids, 4 * NW ids) per thread. */
 template <int NW>
@@ -143,32 +213,34 @@ DC_FN void pp_kernel(
         f(pw_key(pw_bits16(__ldg((const u16*)x + xoff + lo + i), xdt), 1, 0), i);
       }
     };
-    if (S <= PK_CAP) {  /* unranked, slot order = thread order (pk_topk3's) */
-      each([&](u32 cc, int i) { ck[pos] = cc; ci[pos] = lo + i; ++pos; });
-      used = S;
-    } else {
-      if (S <= PK_SMAX) {
-        each([&](u32 cc, int i) { ps.sk[pos] = cc; ps.sc[pos] = cc; ps.si[pos] = lo + i; ++pos; });
-      } else {  /* masses of ties: the exact radix select over the tile (pk_select_map's) */
-        auto at = [&](int i) -> u64 {
-          return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), 1, 0);
-        };
-        const DcSel s = block_select(at, n, kk, sh, 24);
-        S = block_compact([&](int i) { return sel_has(s, at(i), i); },
-                          [&](int i, int rk) { ps.sk[rk] = at(i); ps.sc[rk] = at(i); ps.si[rk] = lo + i; },
-                          n, sh);
-      }
-      __syncthreads();
-      PK_STAMP(3);
-      pk_rank_emit(S, kk, [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; }, ps);
-      used = kk;
+    /* the tile's kk best in rank order (pp_last merges sorted runs) */
+    if (S <= PK_SMAX) {
+      each([&](u32 cc, int i) { ps.sk[pos] = cc; ps.sc[pos] = cc; ps.si[pos] = lo + i; ++pos; });
+    } else {  /* masses of ties: the exact radix select over the tile (pk_select_map's) */
+      auto at = [&](int i) -> u64 {
+        return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), 1, 0);
+      };
+      const DcSel s = block_select(at, n, kk, sh, 24);
+      S = block_compact([&](int i) { return sel_has(s, at(i), i); },
+                        [&](int i, int rk) { ps.sk[rk] = at(i); ps.sc[rk] = at(i); ps.si[rk] = lo + i; },
+                        n, sh);
     }
+    __syncthreads();
+    PK_STAMP(3);
+    pk_rank_emit(S, kk, [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; }, ps);
+    used = kk;
   } else {  /* 64-bit keys (T outside the fast range): pk_topk3's exact radix select */
     used = pw_exact_tile(x, xdt, bias, bdt, xoff, boff, lo, n, K, T, logits, ck, ci, &mybad, sh);
   }
-  if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof)) return;
-  pk2_last(row, R, K, fast, fast || !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
-           kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+  if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof,
+                    fast ? K : PK_CAP))
+    return;
+  if (fast)
+    pp_last(row, R, K, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos, kfmt,
+            cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+  else
+    pk2_last(row, R, K, false, !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd,
+             kpos, kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
 
 /* The entry points (pk_topk3's parameters, written out: tools/host_overhead_local.py
