@@ -4,8 +4,9 @@ The cuda backend takes pk_topk4 in pk_topk3's place for bfloat16 / float16
 logits without bias on 16-byte loads.  These cases aim at its branches: the
 packed order keys (-0.0 / +0.0, subnormals, huge values, every sign), the
 all-ones-exponent flag (NaN, +inf fail closed with the first bad id; -inf
-masses do not), survivors unranked / ranked / swamped by ties (the exact
-radix select), partial last tiles, rows whose temperature is outside the
+masses do not), the tile's ranking of its survivors (ties spread over warps
+and tiles, threads holding several; swamped by ties: the exact radix select),
+the last block's merge of the tiles' sorted runs, partial last tiles, rows whose temperature is outside the
 coarse-key range (exact keys) and greedy rows.  Each case runs with the
 automatic choice, pk_topk4, pk_topk4w, pk_topk4x (tiles of 8192 / 16384 / 32768
 ids) and pk_topk3, and checks which was launched.
@@ -90,7 +91,7 @@ def _check(cb, monkeypatch, x16, keys, expect_pk4=True, **kw):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("kind", KINDS + ["signs"])
+@pytest.mark.parametrize("kind", KINDS + ["signs", "spread"])
 @pytest.mark.parametrize("v", [8, 4104, 8200, 129280])
 def test_packed_parity(cb, monkeypatch, dtype, kind, v):
     rng = np.random.default_rng(hash((dtype, kind, v)) % 2**32)
@@ -98,6 +99,15 @@ def test_packed_parity(cb, monkeypatch, dtype, kind, v):
     if kind == "signs":  # every 16-bit pattern's neighbours: both signs, tiny and huge
         x = rng.choice(np.array([-0.0, 0.0, -1e-40, 1e-40, -2.0, 2.0, -6e4, 6e4, -1.0, 1.0],
                                 dtype=np.float32), size=(b, v))
+    elif kind == "spread":
+        # ties above a random row, spread over tiles and warps, and threads holding 2-3
+        # of them (ids 8g, 8g + 1, 8g + 2 share a thread): the tile's warp runs take
+        # several rounds and merge equal keys (ties to the lowest id)
+        x = _rows(rng, "random", b, v)
+        for row in x:
+            row[rng.integers(0, v, size=min(v, 100))] = rng.choice([9.0, 9.5, 10.0], size=min(v, 100))
+            for g in rng.integers(0, v // 8, size=5):
+                row[8 * g:8 * g + 2 + g % 2] = 10.0
     else:
         x = _rows(rng, kind, b, v)
     if kind == "huge" and dtype == "float16":

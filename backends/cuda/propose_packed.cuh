@@ -1,10 +1,10 @@
 /* pk_topk4 / pk_topk4w / pk_topk4x: pk_topk3 for 16-bit logits (bfloat16 /
  * float16) on packed keys (included by dyadic_kernels.cu after
- * propose_wide.cuh; uses pk_bound, pk_rank_emit, pk_tile_done, pk2_last,
- * pw_bits16, pw_key).
+ * propose_wide.cuh; uses pk_bound, pk_tile_done, pk_tail, pk2_last,
+ * pw_exact_tile, pw_bits16, pw_key).
  *
- * The grid (R, B), PK_NT threads, candidate slots and last block are
- * pk_topk3's; the tiles hold 8192 / 16384 / 32768 ids (16 / 32 / 64 per
+ * The grid (R, B), PK_NT threads and candidate slots are pk_topk3's; the
+ * tiles hold 8192 / 16384 / 32768 ids (16 / 32 / 64 per
  * thread, one pp_kernel<NW> each).  The host launches one of them in
  * pk_topk3's place for bfloat16 / float16 logits without bias whose rows take
  * 16-byte loads (vec: V a multiple of 8, x 16-byte aligned): the smallest tile
@@ -29,23 +29,28 @@
  *    by one (pw_key's status, ids in order) for the first bad id;
  *  - the running maximum per 16-bit half (max.u16x2, sm_90), then the thread's
  *    largest key M1.
- * Then pk_select_map's selection: t = pk_bound(M1) (at least min(K, n) keys
- * >= t; u32 sort), the survivors k >= t as a bit mask of the thread's
- * elements (one compare pass, only in threads with M1 >= t), their exclusive
- * scan, then the tile's min(K, n) best ranked by counting (pk_rank_emit over
- * the survivors, <= PK_SMAX; else the exact radix select over the tile) into
- * the candidate slots [0, K) in rank order; each candidate's key is
- * pk_fkey(float(h)) (pw_key), the key pk_topk3 writes, from h loaded again (one
- * 2-byte load per survivor).  The last block (pp_last) merges the tiles' sorted
- * runs in a tree of warp merges instead of pk2_last's select over every slot.
+ * Then the selection: t = pk_bound(M1) (at least min(K, n) keys >= t; u32
+ * sort), the survivors k >= t as a bit mask of the thread's elements (one
+ * compare pass, only in threads with M1 >= t), their exclusive scan, their
+ * composite keys (k << 32 | ~id: distinct, in (k desc, id asc) order; k
+ * selected from the registers, pp_comp) in shared memory, ranked by counting
+ * (pp_rank_emit; <= PK_SMAX survivors, else the exact radix select over the
+ * tile picks the kk best first): the tile's kk = min(K, n) best go to its
+ * candidate slots [0, K) in rank order as (k, id), then padding (0, -1).
+ * The last block of a fast row (pp_last) merges the tiles' sorted runs in a
+ * tree of warp merges (pp_merge_top: bitonic, one barrier per level) and
+ * forms the exact keys of the K winners from the 16-bit floats their k
+ * encode; then pk_tail, as pk2_last.
  * Exactness: k orders the tile's elements as their coarse keys do (ties
- * included), so each tile's run is its K best by (coarse key desc, id asc), and
- * the K best of the row are the K largest composite keys (coarse << 32 | ~id,
- * distinct) over the runs: pk2_last's K; rows that are not fast (T outside
- * pk_fast_row's range) take pk_topk3's exact radix select and pk2_last, the same
- * code.
+ * included), so each tile's run is its kk best by (coarse key desc, id asc),
+ * and the K best of the row (by exact key desc, id asc: the coarse order) are
+ * the K largest composite keys over the runs: pk2_last's K.  Rows that are not
+ * fast (T outside pk_fast_row's range) take pk_topk3's exact radix select
+ * (pw_exact_tile) and pk2_last, the same code.
  * H200 (2026-12-01, top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 /
- * 64): 15.1-15.3 / 15.1 / 17.2-17.6 / 19.7-19.8 / 22.7-22.8; pk_topk3 (pk_topk2 at
+ * 64): 12.0-12.1 / 12.4-12.6 / 14.2 / 15.5 / 19.0-19.1 against 15.1-15.3 / 15.3-15.5 /
+ * 17.9 / 19.7-19.8 / 22.8 for the previous version (unranked survivors in the slots,
+ * pk2_last's select over all of them) in the same process; pk_topk3 (pk_topk2 at
  * B = 1) 17.3 / 16.6-16.8 / 20.4 / 27.3 / 41.4. */
 #ifndef DYADIC_PROPOSE_PACKED_CUH
 #define DYADIC_PROPOSE_PACKED_CUH
@@ -82,6 +87,50 @@ DC_FN u64 pp_merge_top(u64 a, u64 b) {
   return v;
 }
 
+/* A tree of pp_merge_top over the runs of warps [0, nw) (every thread of the block
+ * calls it; one barrier per level; buf: nw * 32 u64 of shared memory, written at
+ * distinct places per level): warp 0 returns the run of the 32 largest of them all. */
+DC_FN u64 pp_tree(u64 run, int nw, u64* buf) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int s = 1; s < nw; s <<= 1) {  /* block-uniform trip count */
+    if ((w & (2 * s - 1)) == s) buf[w * 32 + lane] = run;
+    __syncthreads();
+    if ((w & (2 * s - 1)) == 0 && w + s < nw) run = pp_merge_top(run, buf[(w + s) * 32 + lane]);
+  }
+  return run;
+}
+
+/* The composite key (k << 32 | ~id) of element e of the thread (w: its keys; w[e / 2]'s
+ * half e % 2, id lo + pw_ix(e)), selected from the registers (no indexed registers). */
+template <int NW>
+DC_FN u64 pp_comp(const u32 (&w)[NW], int e, int lo) {
+  u32 wv = 0;
+#pragma unroll
+  for (int q = 0; q < NW; ++q) wv |= w[q] & (0u - (u32)(q == (e >> 1)));
+  return ((u64)((wv >> (16 * (e & 1))) & 0xFFFFu) << 32) | (u64)(~(u32)(lo + pw_ix(e)));
+}
+
+/* The S (<= PK_SMAX) distinct composite keys in ps.sk ranked by counting (desc), G lanes
+ * per key (G a power of two <= 32, aligned groups); the key of rank j < kk goes to slot
+ * j: (k, id).  No barrier at the end (pk_tile_done starts with one). */
+DC_FN void pp_rank_emit(int S, int kk, u64* ck, int* ci, PkShared& ps) {
+  const int tid = threadIdx.x;
+  int G = 1;
+  while (G < 32 && G * 2 * S <= PK_NT) G <<= 1;
+  for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
+    const int a = a0 + tid / G, part = tid & (G - 1);
+    const bool live = a < S;
+    const u64 ka = live ? ps.sk[a] : 0;
+    int rank = 0;
+    if (live) {
+#pragma unroll 4
+      for (int b = part; b < S; b += G) rank += ps.sk[b] > ka;
+    }
+    for (int o = 1; o < G; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (live && part == 0 && rank < kk) { ck[rank] = ka >> 32; ci[rank] = (int)~(u32)ka; }
+  }
+}
+
 /* The last block of a fast row (R <= 2 * PK_NT / 32 tiles, host).  Tile r's slots [0, K)
  * hold its min(K, n_r) best in rank order (key desc, id asc), then padding (0, -1).  As
  * composite keys (coarse << 32 | ~id: distinct, in the same order; padding 0) each tile's
@@ -91,7 +140,7 @@ DC_FN u64 pp_merge_top(u64 a, u64 b) {
  * tail (pk_tail, as pk2_last's) runs on the exact keys formed from the floats the coarse
  * keys encode.  The first bad element of the row is reduced as in pk2_last. */
 DC_FN void pp_last(
-    int row, int R, int K, bool greedy, int logits, double T, int policy, int do_draw,
+    int row, int R, int K, int xdt, bool greedy, int logits, double T, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
     int* ids, int* status, PkShared& ps, DcShared& sh) {
@@ -114,21 +163,17 @@ DC_FN void pp_last(
   bb = block_reduce64(bb, 2, sh);
   if (bb != NONE_BAD) { fail_sparse(row, K, (int)(bb & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   PK_STAMP(1);
-  u64 run = R > NWP ? pp_merge_top(a, b) : a;
-  const int nw = R < NWP ? R : NWP;
-  u64* buf = ps.sk;  /* the runs handed down a level (NWP * 32 <= PK_SMAX) */
-  for (int s = 1; s < nw; s <<= 1) {  /* block-uniform trip count */
-    if ((w & (2 * s - 1)) == s) buf[w * 32 + lane] = run;
-    __syncthreads();
-    if ((w & (2 * s - 1)) == 0 && w + s < nw) run = pp_merge_top(run, buf[(w + s) * 32 + lane]);
-  }
+  const u64 run = pp_tree(R > NWP ? pp_merge_top(a, b) : a, R < NWP ? R : NWP, ps.sk);
   PK_STAMP(5);
   if (tid >= 32) return;
   /* ---- warp 0: the exact keys of the K winners, then the tail ---- */
   const bool act = lane < K;
   const int id = act ? (int)~(u32)run : 0x7FFFFFFF;
   u64 key = 0;
-  if (act) { int bad; key = rank_key(pk_fval((u32)(run >> 32)), 0, 0, 0, T, logits, &bad); }
+  if (act) {  /* the float of the 16-bit order key */
+    int bad;
+    key = rank_key(__uint_as_float(pw_bits16(pp_half((u32)(run >> 32)), xdt)), 0, 0, 0, T, logits, &bad);
+  }
   pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status,
           pk_prof);
   PK_STAMP(6);
@@ -203,31 +248,25 @@ DC_FN void pp_kernel(
         }
       }
     }
+    /* the tile's kk best in rank order (pp_last merges sorted runs), as (k, id) */
     int S; int pos = block_excl_scan(__popcll(sm), &S, sh);
-    /* the survivors in id order: f(coarse key, index in the tile); the key from x again
-     * (one 2-byte load per survivor: w is not indexed by a variable, so it stays in
-     * registers) */
-    auto each = [&](auto f) {
-      for (u64 m = sm; m; m &= m - 1) {
-        const int i = pw_ix(__ffsll((long long)m) - 1);
-        f(pw_key(pw_bits16(__ldg((const u16*)x + xoff + lo + i), xdt), 1, 0), i);
-      }
-    };
-    /* the tile's kk best in rank order (pp_last merges sorted runs) */
     if (S <= PK_SMAX) {
-      each([&](u32 cc, int i) { ps.sk[pos] = cc; ps.sc[pos] = cc; ps.si[pos] = lo + i; ++pos; });
+      for (u64 m = sm; m; m &= m - 1) ps.sk[pos++] = pp_comp(w, __ffsll((long long)m) - 1, lo);
     } else {  /* masses of ties: the exact radix select over the tile (pk_select_map's) */
       auto at = [&](int i) -> u64 {
         return pw_key(__float_as_uint(load_f(x, xdt, xoff + lo + i)), 1, 0);
       };
       const DcSel s = block_select(at, n, kk, sh, 24);
+      /* k of id lo + i from x again */
       S = block_compact([&](int i) { return sel_has(s, at(i), i); },
-                        [&](int i, int rk) { ps.sk[rk] = at(i); ps.sc[rk] = at(i); ps.si[rk] = lo + i; },
-                        n, sh);
+                        [&](int i, int rk) {
+                          const u32 k = pp_keys(__ldg((const u16*)x + xoff + lo + i)) & 0xFFFFu;
+                          ps.sk[rk] = ((u64)k << 32) | (u64)(~(u32)(lo + i));
+                        }, n, sh);
     }
     __syncthreads();
     PK_STAMP(3);
-    pk_rank_emit(S, kk, [&](int rank, u64 k, int id, u64) { ck[rank] = k; ci[rank] = id; }, ps);
+    pp_rank_emit(S, kk, ck, ci, ps);
     used = kk;
   } else {  /* 64-bit keys (T outside the fast range): pk_topk3's exact radix select */
     used = pw_exact_tile(x, xdt, bias, bdt, xoff, boff, lo, n, K, T, logits, ck, ci, &mybad, sh);
@@ -236,7 +275,7 @@ DC_FN void pp_kernel(
                     fast ? K : PK_CAP))
     return;
   if (fast)
-    pp_last(row, R, K, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos, kfmt,
+    pp_last(row, R, K, xdt, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos, kfmt,
             cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
   else
     pk2_last(row, R, K, false, !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd,
