@@ -132,18 +132,19 @@ DC_FN void pp_rank_emit(int S, int kk, u64* ck, int* ci, PkShared& ps) {
 }
 
 /* The last block of a fast row (R <= 2 * PK_NT / 32 tiles, host).  Tile r's slots [0, K)
- * hold its min(K, n_r) best in rank order (key desc, id asc), then padding (0, -1).  As
- * composite keys (coarse << 32 | ~id: distinct, in the same order; padding 0) each tile's
- * first K slots form a run (lanes >= K: 0), and the K best of the row are the K largest
- * composite keys over the runs: warp w merges tiles w and w + 16, then a tree of merges
- * over the warps (one barrier per level) leaves them in warp 0 in rank order, where the
- * tail (pk_tail, as pk2_last's) runs on the exact keys formed from the floats the coarse
- * keys encode.  The first bad element of the row is reduced as in pk2_last. */
+ * hold its min(K, n_r) best in rank order (k desc, id asc) as (k, id), then padding
+ * (0, -1).  As composite keys (k << 32 | ~id: distinct, in the same order; padding 0)
+ * each tile's first K slots form a run (lanes >= K: 0), and the K best of the row are
+ * the K largest composite keys over the runs: warp w merges tiles 2w and 2w + 1, then a
+ * tree of merges over the warps (pp_tree) leaves them in warp 0 in rank order.  Warp 0
+ * reduces the tiles' first bad elements (a bad row fails closed), forms the exact keys of
+ * the winners from the 16-bit floats their k encode and runs the tail (pk_tail, as
+ * pk2_last's). */
 DC_FN void pp_last(
     int row, int R, int K, int xdt, bool greedy, int logits, double T, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
-    int* ids, int* status, PkShared& ps, DcShared& sh) {
+    int* ids, int* status, PkShared& ps) {
   constexpr int NWP = PK_NT / 32;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   int pk_prof = row == 0 ? 16 : -1;
@@ -157,15 +158,17 @@ DC_FN void pp_last(
     const i64 j = (i64)r * PK_CAP + lane;
     return (__ldcg(&rk[j]) << 32) | (u64)(~(u32)__ldcg(&ri[j]));
   };
-  const u64 a = slot(w), b = slot(w + NWP);
-  u64 bb = NONE_BAD;
-  for (int t = tid; t < R; t += PK_NT) { const u64 v = __ldcg(&blk_bad[(i64)row * R + t]); bb = v < bb ? v : bb; }
-  bb = block_reduce64(bb, 2, sh);
-  if (bb != NONE_BAD) { fail_sparse(row, K, (int)(bb & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
+  /* warp w merges tiles 2w and 2w + 1 (R <= 2 * NWP, host), then the tree over the
+   * (R + 1) / 2 warps' runs */
+  const u64 a = slot(2 * w), b = slot(2 * w + 1);
+  /* warp 0: the tiles' first bad elements (R <= 32), reduced after the merge */
+  const u64 bb = w == 0 && lane < R ? __ldcg(&blk_bad[(i64)row * R + lane]) : NONE_BAD;
   PK_STAMP(1);
-  const u64 run = pp_tree(R > NWP ? pp_merge_top(a, b) : a, R < NWP ? R : NWP, ps.sk);
+  const u64 run = pp_tree(2 * w + 1 < R ? pp_merge_top(a, b) : a, (R + 1) / 2, ps.sk);
   PK_STAMP(5);
   if (tid >= 32) return;
+  const u64 bad = warp_min64(bb);
+  if (bad != NONE_BAD) { fail_sparse(row, K, (int)(bad & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   /* ---- warp 0: the exact keys of the K winners, then the tail ---- */
   const bool act = lane < K;
   const int id = act ? (int)~(u32)run : 0x7FFFFFFF;
@@ -276,7 +279,7 @@ DC_FN void pp_kernel(
     return;
   if (fast)
     pp_last(row, R, K, xdt, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos, kfmt,
-            cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+            cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps);
   else
     pk2_last(row, R, K, false, !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd,
              kpos, kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
