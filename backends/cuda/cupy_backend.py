@@ -27,7 +27,8 @@ Launch structure:
   (``dc_topk``): per-thread coarse keys in registers, a bound from the
   warps' sorted maxima, survivors kept; the last block of the row (atomic
   counter after a release fence, ``dc_elect_last``) merges the candidates and runs the
-  allocation and the draw in one warp.  top_k > 32: ``dc_topk``, grid
+  allocation and the draw in one warp (pk_topk4*: each tile writes its K best in rank
+  order and the last block merges these sorted runs in a tree of warp merges).  top_k > 32: ``dc_topk``, grid
   (ceil(V / 2048), B), radix select / rank counting per tile, same merge
   pattern.  No block waits for another.
 - dense allocate / propose: ``da2_max``, ``da2_sum``, ``da2_floor``, ``da2_mark``
@@ -163,7 +164,8 @@ _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
 # one run, first version of the kernels): pk_topk3 (auto: pk_topk2 at B = 1) 17.2 / 16.8 /
 # 20.7 / 27.5 / 41.6, pk_topk4 16.6 / 16.3 / 18.7 / 23.4 / 34.8, pk_topk4w 18.9 / 18.3 /
 # 19.2 / 21.6 / 29.8, pk_topk4x 24.4 / 23.8 / 23.7 / 23.9 / 25.8; the auto choice of the
-# final kernels: 15.1 / 15.1 / 17.2 / 19.7 / 22.7.
+# eighth session's kernels: 15.1 / 15.1 / 17.2 / 19.7 / 22.7; with the ninth session's
+# ranked tiles and merge tree: 11.4 / 11.8 / 13.5 / - / 18.6.
 _PK4 = os.environ.get("DYADIC_CUDA_PK4", "auto")
 _PK4 = -1 if _PK4 == "auto" else int(_PK4)
 _PK4_CHUNKS = (8192, 16384, 32768)  # pk_topk4 / 4w / 4x: PK_NT * 16 / 32 / 64 ids
