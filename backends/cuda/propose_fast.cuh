@@ -136,14 +136,21 @@ DC_FN T pk_bound(T v, int kk, PkShared& ps) {
   return t;
 }
 
-/* The S (<= PK_SMAX) survivors in ps (sk exact key, si id, sc coarse key) ranked by
- * counting (key desc, id asc), G lanes per survivor (G a power of two <= 32: aligned
- * groups); out(rank, key, id, coarse) for rank < kk.  Ends with a barrier. */
-template <class OUT>
-DC_FN void pk_rank_emit(int S, int kk, OUT out, PkShared& ps) {
-  const int tid = threadIdx.x;
+/* Lanes per element where the PK_NT threads rank S elements by counting: the largest
+ * power of two G <= 32 with G * S <= PK_NT (1 for S > PK_NT / 2); groups of G lanes are
+ * aligned (pk_rank_emit, pp_rank_emit). */
+DC_FN int pk_rank_lanes(int S) {
   int G = 1;
   while (G < 32 && G * 2 * S <= PK_NT) G <<= 1;
+  return G;
+}
+
+/* The S (<= PK_SMAX) survivors in ps (sk exact key, si id, sc coarse key) ranked by
+ * counting (key desc, id asc), G lanes per survivor (pk_rank_lanes); out(rank, key, id,
+ * coarse) for rank < kk.  Ends with a barrier. */
+template <class OUT>
+DC_FN void pk_rank_emit(int S, int kk, OUT out, PkShared& ps) {
+  const int tid = threadIdx.x, G = pk_rank_lanes(S);
   for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
     const int a = a0 + tid / G, part = tid & (G - 1);
     const bool live = a < S;

@@ -111,12 +111,10 @@ DC_FN u64 pp_comp(const u32 (&w)[NW], int e, int lo) {
 }
 
 /* The S (<= PK_SMAX) distinct composite keys in ps.sk ranked by counting (desc), G lanes
- * per key (G a power of two <= 32, aligned groups); the key of rank j < kk goes to slot
- * j: (k, id).  No barrier at the end (pk_tile_done starts with one). */
+ * per key (pk_rank_lanes); the key of rank j < kk goes to slot j: (k, id).  No barrier at
+ * the end (pk_tile_done starts with one). */
 DC_FN void pp_rank_emit(int S, int kk, u64* ck, int* ci, PkShared& ps) {
-  const int tid = threadIdx.x;
-  int G = 1;
-  while (G < 32 && G * 2 * S <= PK_NT) G <<= 1;
+  const int tid = threadIdx.x, G = pk_rank_lanes(S);
   for (int a0 = 0; a0 < S; a0 += PK_NT / G) {
     const int a = a0 + tid / G, part = tid & (G - 1);
     const bool live = a < S;
