@@ -7,8 +7,8 @@ Run on the GPU with DYADIC_CUDA_PROF=1 (the module is then built with -DDC_PROF)
 propose (pk_topk2 / pk_topk3, top-32 bf16): row 0's stamps in ns from the start of its
 block 0: tile phase (1 maxima, 2 K-th largest, 3 survivors compacted, 4 candidates
 written), last block (16 start, 17-19 the same steps over the candidates, 21 merge
-done, 22 tail done; pk_topk4*'s last block, pp_last: 17 bad elements reduced, 21 the
-tiles' runs merged) and the one-warp tail's clock64 cycles from its start (1 positions in
+done, 22 tail done; pk_topk4*'s last block, pp_last: 17 the tiles' runs and bad
+elements loaded (issued), 21 the runs merged) and the one-warp tail's clock64 cycles from its start (1 positions in
 id order, 2 weights and their sum, 3 floors, 4 remainders ranked, 5 counts written, 6
 drawn).
 

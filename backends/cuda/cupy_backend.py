@@ -607,7 +607,7 @@ def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
     multiple of 8 ids, 4 for float32): checked per call, the plan is per shape."""
     r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr), packed = plan
     vec = wide and common[0] % 16 == 0 and common[8] % (4 if common[1] == 0 else 8) == 0
-    # pk_topk4 / pk_topk4w: 16-bit logits (x code 1 / 2), no bias, 16-byte loads
+    # pk_topk4 / 4w / 4x: 16-bit logits (x code 1 / 2), no bias, 16-byte loads
     if vec and _PK4 and common[1] != 0 and common[2] is _NULL and common[6]:
         r32, chunk32, fn, grid = packed[max(_PK4, 0)]  # [0]: the plan's auto choice
     args = common + (_I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs,
