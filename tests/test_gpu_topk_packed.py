@@ -18,8 +18,7 @@ import pytest
 
 import dyadic
 
-from conftest import _load
-from test_gpu_topk_fast import KINDS, _rows
+from test_gpu_topk_fast import KINDS, _rows, cuda  # noqa: F401 (cuda: the fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -27,12 +26,9 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
-def cb():
-    be, why = _load("cuda")
-    if be is None:
-        pytest.skip(why)
-    if _load("cpu")[0] is None:
-        pytest.skip("the CPU backend is not built")
+def cb(cuda):
+    """cupy_backend, where the cuda and cpu backends load (test_gpu_topk_fast's fixture
+    skips otherwise, with the reason)."""
     from dyadic.backends.cuda import cupy_backend
     return cupy_backend
 
