@@ -1,6 +1,7 @@
 """dyadic.wire: every rejection rule, conversions, negotiation, sessions, sizes, fuzzing."""
 
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -110,6 +111,21 @@ def test_dense_padding_zero_ok_and_checksum():
 def test_value_rules(value, exc):
     vals = np.array([0.5, 0.25, value], np.float32)
     raises(exc, dec, mk_reply(GOOD, [5], values=vals))
+
+
+@pytest.mark.parametrize("value,shown", [
+    (1e30, "1.0000000150474662e+30"), (2.0 ** 40, "1099511627776.0"),
+    (np.finfo(np.float32).max, "3.4028234663852886e+38"),
+])
+def test_huge_finite_value_is_non_dyadic_without_warning(value, shown):
+    # value * 2**24 is past uint64: casting before the range check used to emit
+    # "RuntimeWarning: invalid value encountered in cast" (an exception under -W error).
+    vals = np.array([0.5, 0.25, value], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        e = raises(w.NonDyadicValue, dec, mk_reply(GOOD, [5], values=vals))
+    assert e.field == "reply.values"
+    assert e.detail == f"row 0 (slot 0, position 0): entry 2 {shown} is not c / 2**24"
 
 
 def test_total_mass_checked_in_uint64():

@@ -419,8 +419,12 @@ def _d_reply(body, session, limits):
         raise E.NegativeValue("reply.values", f"{_where(rows, starts, j)}: entry {j} has its "
                                               f"sign bit set")
     scaled = bits.view("<f4").astype(np.float64) * TOTAL
-    counts = scaled.astype(np.uint64)
-    bad = (counts != scaled) | (scaled > TOTAL)
+    # Range check before the cast: a huge finite value (up to FP32 max * 2**24) would
+    # overflow uint64 and emit a RuntimeWarning. ~(<=) also catches NaN (already
+    # rejected above by its bits); such entries cast as 0 and are flagged through `over`.
+    over = ~(scaled <= TOTAL)
+    counts = np.where(over, 0.0, scaled).astype(np.uint64)
+    bad = (counts != scaled) | over
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         raise E.NonDyadicValue("reply.values", f"{_where(rows, starts, j)}: entry {j} "
