@@ -715,3 +715,19 @@ def test_lazy_parity_full_batch(cuda, qkind):
     keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), generation=2, round=1,
                        position=rng.integers(0, 2**20, size=b))
     _same_as_cpu(p, draft, q, keys)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [131072, 131073, 200003])
+@pytest.mark.parametrize("qkind", ["dense", "sparse", "point"])
+def test_lazy_parity_search_paths(cuda, v, qkind):
+    """Vocabularies past the benchmark's (2**17, 2**17 + 1, a prime above 2**17: more than
+    2048 chunks of 64 ids, a last tile of one id): dc_vfused equals the CPU backend."""
+    b, k = 2, 3
+    rng = np.random.default_rng(v + len(qkind))
+    p = _target(rng, b, k + 1, v)
+    draft, q = _draft_q(rng, p, qkind, k)
+    for rep in range(2):
+        keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), generation=3, round=rep,
+                           position=rng.integers(0, 2**20, size=b))
+        _same_as_cpu(p, draft, q, keys)
