@@ -545,6 +545,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
         try:
             if lazy and greedy is None and hasattr(be, "verify_lazy"):
                 be.verify_lazy(t, d, qc, qi, *keys_b, accepted, tokens, status)
+            elif greedy is None and hasattr(be, "verify_plain"):  # no greedy request
+                be.verify_plain(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
             else:
                 be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
             if fkey is not None and t is target:  # in the target's device context

@@ -1,6 +1,7 @@
 """backends/cuda/cupy_backend without a GPU: the depth limit of the cuda verify kernels is
-refused with its message before anything touches the device (_verify_setup), and the lazy
-verify's choice of kernel by grid size (_vf_kernel)."""
+refused with its message before anything touches the device (_verify_setup), the lazy
+verify's choice of kernel by grid size (_vf_kernel) and where verify without greedy
+requests takes one launch (_vone_tile)."""
 
 import numpy as np
 import pytest
@@ -44,3 +45,27 @@ def test_lazy_kernel_by_grid(batch, kernel, monkeypatch):
     assert cupy_backend._vf_kernel(nt, batch, nsm) == kernel
     monkeypatch.setattr(cupy_backend, "_VF_KERNEL", "dc_vfused")
     assert cupy_backend._vf_kernel(nt, batch, nsm) == "dc_vfused"
+
+
+@pytest.mark.parametrize("batch, k1, v, vt", [
+    (1, 6, 129280, 2048),   # 64 tiles per row: 1 + 6 x 64 = 385 blocks <= 396
+    (2, 6, 129280, 4096), (4, 6, 129280, 8192),
+    (8, 6, 129280, 0),      # tiles of 16384 ids would be needed: dc_v1 + dc_v2
+    (16, 6, 32000, 0), (64, 2, 111, 1024),
+    (1, 9, 4097, 0),        # k + 1 > 8
+    (1, 2, 128 * 32768 + 1, 0)])  # beyond dc_vfused's vocabularies
+def test_one_launch_verify_by_grid(batch, k1, v, vt, monkeypatch):
+    """dc_vone (check=False / True verify without greedy requests in one launch) where its
+    grid of batch x (1 + k1 x tiles) blocks fits one wave at 3 blocks per SM (132 SMs)
+    with tiles of at most 8192 ids; DYADIC_CUDA_VONE=0 never, =1 with dc_vfused's tiles."""
+    monkeypatch.setattr(cupy_backend, "_VONE_MODE", "auto")
+    got = cupy_backend._vone_tile(v, batch, k1, 132)
+    assert got == vt
+    if vt:
+        nt = -(-v // vt)
+        assert vt % 1024 == 0 and batch * (1 + k1 * nt) <= 3 * 132 and nt <= 128
+    monkeypatch.setattr(cupy_backend, "_VONE_MODE", "0")
+    assert cupy_backend._vone_tile(v, batch, k1, 132) == 0
+    monkeypatch.setattr(cupy_backend, "_VONE_MODE", "1")
+    forced = 0 if k1 > 8 or v > cupy_backend._VF_MAXV else cupy_backend._vf_tile(v, batch, 132)
+    assert cupy_backend._vone_tile(v, batch, k1, 132) == forced

@@ -143,7 +143,9 @@ def main():
                                ("propose_top32_bf16_PK2", {"_PK_MODE": "2"}, prop),
                                ("propose_top32_bf16_PK3", {"_PK_MODE": "3"}, prop),
                                ("verify_k5_dense_lazy_V2", {"_LAZY_MODE": "2"}, ver_lazy),
-                               ("verify_k5_top32_lazy_V2", {"_LAZY_MODE": "2"}, ver_sp_lazy)):
+                               ("verify_k5_top32_lazy_V2", {"_LAZY_MODE": "2"}, ver_sp_lazy),
+                               ("verify_k5_dense_V12", {"_VONE_MODE": "0"}, ver),
+                               ("verify_k5_top32_V12", {"_VONE_MODE": "0"}, cs["verify_k5_top32"])):
             if not all(hasattr(_cb, attr) for attr in sets):
                 continue
             prev = {attr: getattr(_cb, attr) for attr in sets}
@@ -160,6 +162,14 @@ def main():
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)
         r["eager_host_verify_us"] = round(eager_host(ver), 1)
+        if hasattr(_cb, "_VONE_MODE"):  # the same call on the two launches (dc_v1 + dc_v2)
+            prev, _cb._VONE_MODE = _cb._VONE_MODE, "0"
+            _cb._PLANS.clear()
+            try:
+                r["eager_host_verify_V12_us"] = round(eager_host(ver), 1)
+            finally:
+                _cb._VONE_MODE = prev
+                _cb._PLANS.clear()
         r["eager_host_verify_lazy_us"] = round(eager_host(ver_lazy), 1)
         if B == 1:  # where the host time of an eager propose goes
             import cProfile

@@ -133,6 +133,15 @@ _VF_KERNEL = os.environ.get("DYADIC_CUDA_VF_KERNEL", "")
 # against 18.6 / 19.5; B = 4 already has 64 tiles).
 _VF_MINT = int(os.environ.get("DYADIC_CUDA_VF_MINT", "2048"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
+# verify (check=False / True) without greedy requests in one launch: dc_vone (verify_fused.cuh:
+# dc_vfused's tiles for every row, the tests in a block of their own, dc_v1's validation in
+# the last block) in place of dc_v1 + dc_v2 while its grid of B x (1 + (k + 1) x tiles)
+# blocks fits one wave at 3 blocks per SM with tiles of at most _VONE_VTMAX ids, k + 1 <= 8
+# and V <= _VF_MAXV.  DYADIC_CUDA_VONE=0 never takes it, =1 whenever k + 1 <= 8 (dc_vfused's
+# tiles; for tests), auto (default) as above.
+_VONE_MODE = os.environ.get("DYADIC_CUDA_VONE", "auto")
+_VONE_MAXK1 = 8  # VA_MAXK1
+_VONE_VTMAX = int(os.environ.get("DYADIC_CUDA_VONE_VT", "8192"))
 _VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
 # chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
@@ -325,6 +334,23 @@ def _vf_tile(v, batch, nsm):
     _VF_VTCAP, and at most VF_MAXT = 128 tiles per row."""
     return max(_VF_MINT, _tile_for(v, batch, nsm, _VF_VTCAP, _VF_BPS),
                -(-v // (128 * 1024)) * 1024)
+
+
+def _vone_tile(v, batch, k1, nsm):
+    """dc_vone's tile length, or 0 where dc_v1 + dc_v2 are taken (_VONE_MODE).  auto: the
+    most tiles per row, of at least _VF_MINT ids, with 1 + (k + 1) x tiles blocks per
+    request within one wave at 3 blocks per SM, if that makes tiles of at most
+    _VONE_VTMAX ids."""
+    if k1 > _VONE_MAXK1 or v > _VF_MAXV or _VONE_MODE == "0":
+        return 0
+    if _VONE_MODE == "1":
+        return _vf_tile(v, batch, nsm)
+    per_row = (3 * nsm // batch - 1) // k1
+    if per_row < 1:
+        return 0
+    nt = min(-(-v // _VF_MINT), per_row, 128)
+    vt = -(-(-(-v // nt)) // 1024) * 1024
+    return vt if vt <= _VONE_VTMAX else 0
 
 
 def _tile_for(v, rows, nsm, cap, per_sm=4):
@@ -670,6 +696,17 @@ def _vf_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
     kern.launch(grid, block, (
         t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
         alist, acnt, acap, a, tk, st, cnt, vt, pre, _I32[vec], _I32[vec_q]))
+
+
+def _vone_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
+    """One launch of dc_vone (plan: CupyBackend._vone_plan); every array a pointer."""
+    vt, nt32, acap, kern, grid, block, _, ptrs = plan
+    tpart, rchunk, alist, acnt, cnt, tz = ptrs
+    vec = v % 4 == 0 and t % 16 == 0  # 16-byte loads (dense q: vec_q too)
+    vec_q = vec and bool(qc) and not qi and qc % 16 == 0  # null pointers: 0
+    kern.launch(grid, block, (
+        t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
+        alist, acnt, acap, a, tk, st, cnt, tz, vt, _I32[vec], _I32[vec_q]))
 
 
 class _Launcher:
@@ -1068,6 +1105,14 @@ class CupyBackend:
             return _Launcher(run, ("verify_lazy_fused", dev, batch, k1, v), plan)
         if _VERIFY_MODE in ("split", "old"):
             return None
+        dev = _device_id()
+        one = self._vone_plan(batch, k1, v, dev)
+        if one:
+            def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+                _vone_run(one, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi,
+                          w, kptrs, kfmt, a, tk, st, k, v)
+
+            return _Launcher(run, ("verify_one", dev, batch, k1, v), one)
         plan = self._v12_plan(batch, k1, v)
 
         def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
@@ -1075,6 +1120,23 @@ class CupyBackend:
                      g, batch, k, v, kptrs, kfmt, a, tk, st)
 
         return _Launcher(run, ("verify", _device_id(), batch, k1, v), plan)
+
+    def verify_plain(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
+                     position, accepted, tokens, status):
+        """verify with no greedy request (``greedy``: their zero flags, for dc_v1): dc_vone
+        (verify_fused.cuh: one launch) where its grid is small, else as ``verify``."""
+        batch, k1, v = target.shape
+        one = _VERIFY_MODE not in ("split", "old") and self._vone_plan(batch, k1, v, _device_id())
+        if one:
+            batch, k, v, w, call, kptrs, kfmt, (t, d, qc, qi), (a, tk, st) = _verify_setup(
+                target, q_counts, seed, generation, round, position,
+                (target, draft, q_counts, q_ids), (accepted, tokens, status))
+            _vone_run(one, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v)
+            if call.back:  # NumPy outputs to copy back
+                call.finish()
+            return
+        self.verify(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
+                    accepted, tokens, status)
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
                     accepted, tokens, status):
@@ -1107,6 +1169,28 @@ class CupyBackend:
                         scratch("vf_rchunk", 16 * batch * k1 * nch),
                         scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
                         scratch("vf_acnt", 4 * batch * k1), scratch("vf_cnt", 4 * batch))))
+            _PLANS[pk] = plan
+        return plan
+
+    def _vone_plan(self, batch, k1, v, dev):
+        """dc_vone's launch plan (verify_fused.cuh: the tests in block 0 of each request,
+        every row's tiles, dc_v1's validation, the walk and the residual / bonus draw in one
+        launch), or False where dc_v1 + dc_v2 are taken (_vone_tile)."""
+        pk = ("verify_one", dev, batch, k1, v)
+        plan = _PLANS.get(pk)
+        if plan is None:
+            vt = _vone_tile(v, batch, k1, _num_sms())
+            plan = False
+            if vt:
+                nt = (v + vt - 1) // vt
+                nch = (v + 63) // 64
+                plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP])
+                        + _launch_plan(_kernel("dc_vone"), (1 + k1 * nt, batch), (256,), (
+                            scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
+                            scratch("vf_rchunk", 16 * batch * k1 * nch),
+                            scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
+                            scratch("vf_acnt", 4 * batch * k1), scratch("vone_cnt", 4 * batch),
+                            scratch("vone_tests", 4 * 64 * batch))))  # VA_TZW u32 words
             _PLANS[pk] = plan
         return plan
 

@@ -276,57 +276,16 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
   __syncthreads();
 }
 
-/* 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks per SM).
- * A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us, one run, all variants passing
- * the lazy GPU tests): 4 loads in flight 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118
- * registers) 18.9 / 17.8 / 28.3 / 63.0, both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5
- * / 24.1 / 50.4 for this choice.  Session 4 (2026-12-01, one run): 8 lanes per chunk
- * (3 shuffle levels per 8 ids) 18.6 / 17.3 / 23.9 / 50.6 (top-32 q 19.1 / 18.0 / 24.5 /
- * 47.3) against a half warp per chunk (4 levels per 4 ids) 18.6 / 17.0 / 24.1 / 52.4
- * (19.2 / 17.9 / 24.8 / 48.9): kept. */
-DC_FN void vf_kernel(
-    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
-  __shared__ VfShared s;
-  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+/* Step 3, the last block of request b (see the header): the candidate rows' exact totals
+ * and statuses, the walk, the residual row's listed and dirty ids, the draw and the search.
+ * s.z holds the tests (lz_tests), key is thread 0's; allrows: every row of the request
+ * listed ids (dc_vone), so every row's list counter is reset. */
+DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const u32* target,
+                   const u32* qc, const int* qi, int W, int k, int V, int nt, u64* tpart,
+                   u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+                   int* status, int vt, int b) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
-  VF_PROF_START();
-  VF_STAMP(tile == 0, 0);
-  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
-  if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-  const int lo = tile * vt, hi = min(V, lo + vt);
-  if (pre) {  /* small batches: row 0 (and its dense q row) into L2 while the tests run */
-    const u32* t0 = target + (i64)b * k1 * V;
-    const int nl = (hi - lo + 31) / 32;  /* 128-byte lines of the tile */
-    if (tid < nl) {
-      asm volatile("prefetch.global.L2 [%0];" :: "l"(t0 + lo + tid * 32));
-      if (qc && !qi && k > 0) asm volatile("prefetch.global.L2 [%0];" :: "l"(qc + (i64)b * k * V + lo + tid * 32));
-    }
-  }
-  /* 1. the tests and the candidate rows */
-  const int ncand = lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
-  VF_STAMP(tile == 0, 1);
-  /* 2. one pass over each candidate row's tile */
-  for (int j = 0; j < ncand; ++j) {
-    const int i = s.z.cand[j];
-    const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
-    const i64 row = (i64)b * k1 + i;
-    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
-            sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
-            (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
-            tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap,
-            vec && (!dense || vec_q), s);
-  }
-  /* 3. the last block of the request */
-  VF_STAMP(tile == 0, 2);
-  VF_PROF_ARRIVE();
-  const bool last = dc_elect_last(&cnt[b], (u32)nt, &s.z.is_last);
-  VF_STAMP(tile == 0, 3);
-  if (!last) return;
-  VF_STAMP(true, 8);
-  VF_PROF_LAST();
   VF_CLK_DECL
   VF_CLK(0);
   if (tid == 0) s.key = key;
@@ -372,7 +331,8 @@ DC_FN void vf_kernel(
   __syncthreads();
   VF_CLK(2);
   const int R = s.R;
-  for (int j = tid; j < ncand; j += 256) acnt[(i64)b * k1 + s.z.cand[j]] = 0;  /* replays start at 0 */
+  for (int j = tid; j < (allrows ? k1 : ncand); j += 256)  /* replays start at 0 */
+    acnt[(i64)b * k1 + (allrows ? j : s.z.cand[j])] = 0;
   if (R < 0) return;
   const u64 T = s.TR;
   const bool bonus = R == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
@@ -498,6 +458,61 @@ DC_FN void vf_kernel(
   VF_CLK_PUT();
 }
 
+/* 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks per SM).
+ * A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us, one run, all variants passing
+ * the lazy GPU tests): 4 loads in flight 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118
+ * registers) 18.9 / 17.8 / 28.3 / 63.0, both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5
+ * / 24.1 / 50.4 for this choice.  Session 4 (2026-12-01, one run): 8 lanes per chunk
+ * (3 shuffle levels per 8 ids) 18.6 / 17.3 / 23.9 / 50.6 (top-32 q 19.1 / 18.0 / 24.5 /
+ * 47.3) against a half warp per chunk (4 levels per 4 ids) 18.6 / 17.0 / 24.1 / 52.4
+ * (19.2 / 17.9 / 24.8 / 48.9): kept. */
+DC_FN void vf_kernel(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+  __shared__ VfShared s;
+  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
+  VF_PROF_START();
+  VF_STAMP(tile == 0, 0);
+  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
+  if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  const int lo = tile * vt, hi = min(V, lo + vt);
+  if (pre) {  /* small batches: row 0 (and its dense q row) into L2 while the tests run */
+    const u32* t0 = target + (i64)b * k1 * V;
+    const int nl = (hi - lo + 31) / 32;  /* 128-byte lines of the tile */
+    if (tid < nl) {
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(t0 + lo + tid * 32));
+      if (qc && !qi && k > 0) asm volatile("prefetch.global.L2 [%0];" :: "l"(qc + (i64)b * k * V + lo + tid * 32));
+    }
+  }
+  /* 1. the tests and the candidate rows */
+  const int ncand = lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
+  VF_STAMP(tile == 0, 1);
+  /* 2. one pass over each candidate row's tile */
+  for (int j = 0; j < ncand; ++j) {
+    const int i = s.z.cand[j];
+    const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
+    const i64 row = (i64)b * k1 + i;
+    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
+            sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
+            (!bonus && !qc) ? s.z.d[i] : -1, bonus, lo, hi, rchunk + 2 * row * nch,
+            tpart + (row * nt + tile) * VF_TREC, alist + 2 * row * acap, acnt + row, acap,
+            vec && (!dense || vec_q), s);
+  }
+  /* 3. the last block of the request */
+  VF_STAMP(tile == 0, 2);
+  VF_PROF_ARRIVE();
+  const bool last = dc_elect_last(&cnt[b], (u32)nt, &s.z.is_last);
+  VF_STAMP(tile == 0, 3);
+  if (!last) return;
+  VF_STAMP(true, 8);
+  VF_PROF_LAST();
+  vf_last(s, key, ncand, false, target, qc, qi, W, k, V, nt, tpart, rchunk, alist, acnt, acap,
+          accepted, tokens, status, vt, b);
+}
+
 /* The kernel at most 80 registers (3 blocks per SM) and at most 64 (4 blocks per SM);
  * ptxas (nvcc 13, 2026-12-01): 8 and 16 bytes of spill stores.  The host takes
  * dc_vfused_r64 when the grid has more blocks than 3 per SM (B = 64 at V = 129280: 45.1 against 46.8 us), dc_vfused else. */
@@ -517,4 +532,150 @@ extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
     int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
   vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
             alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q);
+}
+
+/* ------------------------------------------------------------------------
+ * dc_vone: verify with check=False (or True) and no greedy requests in ONE
+ * launch, for small batches (in place of dc_v1 + dc_v2; the same results and
+ * statuses bit for bit).  dc_vfused's machinery with the full validation:
+ * grid (1 + (k+1) nt, B); block 0 of request b runs lz_tests (the classes and
+ * the per-draft codes) and stores them (vf_put_tests); block 1 + i nt + t runs
+ * vf_tile for row i, tile t, for EVERY row i (tile records: the row's split
+ * sums and invalid-value flag; chunk records and ambiguous-id lists as
+ * dc_vfused's).  The last of the 1 + (k+1) nt blocks (dc_elect_last) reads the
+ * tests back (when it is not block 0) and validates as dc_v1's chain
+ * (vchain_body): every row i = 0..k in order (TARGET_INVALID_VALUE, then
+ * TARGET_SUM), then every draft i = 0..k-1 in order (an id outside [0, V) or
+ * c_i(d_i) = 0: Q_ZERO_AT_DRAFT, lz_tests' LZ_BAD class; an invalid P(d_i) is
+ * already its row's TARGET_INVALID_VALUE); a failing request fails closed.  A
+ * valid request then takes vf_last: the walk (lz_walk: the classes where they
+ * hold for every valid total, dy_accept with the exact total where not; the
+ * same decisions and exhaustion codes as dc_v1's dy_accept) and the residual
+ * or bonus draw (dc_vres2's = dc_v2's token).  Reads every row's tile: (k+1)
+ * rows of P and k of q per request, as dc_v1 + dc_v2 do; the host takes it
+ * while its grid fits one wave (CupyBackend._vone_plan).  k + 1 <= VA_MAXK1.
+ * Test scratch (u32 words per request, VA_TZW): P[i] as u64 at 0..2k, then c,
+ * d, cls, code at VA_TZ_C / D / CLS / CODE + i, ncand at VA_TZ_N, cand at
+ * VA_TZ_CAND.
+ * ------------------------------------------------------------------------ */
+#define VA_MAXK1 8
+#define VA_TZW 64
+#define VA_TZ_C 16
+#define VA_TZ_D 24
+#define VA_TZ_CLS 32
+#define VA_TZ_CODE 40
+#define VA_TZ_N 48
+#define VA_TZ_CAND 49
+
+/* block 0: the tests of s.z into the request's scratch (before dc_elect_last, whose
+ * barrier and release fence publish them) */
+DC_FN void vf_put_tests(const LzShared& z, int k, u32* tz) {
+  const int tid = threadIdx.x;
+  if (tid < k) {
+    ((u64*)tz)[tid] = z.P[tid];
+    tz[VA_TZ_C + tid] = z.c[tid]; tz[VA_TZ_D + tid] = (u32)z.d[tid];
+    tz[VA_TZ_CLS + tid] = (u32)z.cls[tid]; tz[VA_TZ_CODE + tid] = (u32)z.code[tid];
+  }
+  if (tid <= k) tz[VA_TZ_CAND + tid] = (u32)z.cand[tid];
+  if (tid == 0) tz[VA_TZ_N] = (u32)z.ncand;
+}
+
+/* the last block (not block 0): the tests back into s.z (L2 loads: written by another
+ * block of this launch, ordered by dc_elect_last's acquire) */
+DC_FN void vf_get_tests(LzShared& z, int k, const u32* tz) {
+  const int tid = threadIdx.x;
+  if (tid < k) {
+    z.P[tid] = __ldcg(&((const u64*)tz)[tid]);
+    z.c[tid] = __ldcg(&tz[VA_TZ_C + tid]); z.d[tid] = (int)__ldcg(&tz[VA_TZ_D + tid]);
+    z.cls[tid] = (int)__ldcg(&tz[VA_TZ_CLS + tid]); z.code[tid] = (int)__ldcg(&tz[VA_TZ_CODE + tid]);
+  }
+  if (tid <= k) z.cand[tid] = (int)__ldcg(&tz[VA_TZ_CAND + tid]);
+  if (tid == 0) z.ncand = (int)__ldcg(&tz[VA_TZ_N]);
+}
+
+/* The last block: dc_v1's validation of request b (see above) from every row's tile
+ * records and the tests in s.z; a failing request fails closed here (its outputs, every
+ * row's list counter reset).  Returns the code (block-uniform). */
+DC_FN int vf_validate(VfShared& s, int k, int nt, const u64* tpart, u32* acnt, int* accepted,
+                      int* tokens, int* status, int b) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, k1 = k + 1;
+  for (int i = wid; i < k1; i += 8) {  /* row i's total and invalid-value flag */
+    const ulonglong2* tr = (const ulonglong2*)(tpart + ((i64)b * k1 + i) * nt * VF_TREC);
+    u64 h = 0, l = 0; u32 bd = 0;
+    for (int t = lane; t < nt; t += 32) {
+      const ulonglong2 r0 = __ldcg(&tr[t * (VF_TREC / 2)]), r1 = __ldcg(&tr[t * (VF_TREC / 2) + 1]);
+      h += r0.x; l += r0.y; bd |= (u32)r1.x;
+    }
+    h = warp_sum64(h); l = warp_sum64(l);
+    bd = __any_sync(0xffffffffu, bd != 0);
+    if (lane == 0) {
+      const dy_u128 sum = dy_add128(dy_make128(h >> 32, h << 32), dy_from64(l));
+      int st = DY_ST_OK;
+      if (bd) st = DY_ST_TARGET_INVALID_VALUE;
+      else if (sum.hi || (sum.lo > LZ_ONE ? sum.lo - LZ_ONE : LZ_ONE - sum.lo) > LZ_TOL) st = DY_ST_TARGET_SUM;
+      s.tnd[i] = (u32)st;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int code = DY_ST_OK;
+    for (int i = 0; i < k1 && !code; ++i) code = (int)s.tnd[i];
+    for (int i = 0; i < k && !code; ++i)
+      if (s.z.cls[i] == LZ_BAD) code = DY_ST_Q_ZERO_AT_DRAFT;
+    s.R = code;
+  }
+  __syncthreads();
+  const int code = s.R;
+  if (code) {
+    for (int j = tid; j < k1; j += 256) acnt[(i64)b * k1 + j] = 0;  /* replays start at 0 */
+    if (tid == 0) {
+      status[b] = code; accepted[b] = 0;
+      for (int q = 0; q <= k; ++q) tokens[(i64)b * k1 + q] = -1;
+    }
+  }
+  return code;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3) dc_vone(
+    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
+    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
+    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
+    int* status, u32* cnt, u32* tzs, int vt, int vec, int vec_q) {
+  __shared__ VfShared s;
+  const int x = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
+  u32* tz = tzs + (i64)b * VA_TZW;
+  VF_PROF_START();
+  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
+  if (x == 0) {  /* the tests */
+    VF_STAMP(true, 0);
+    if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+    lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
+    vf_put_tests(s.z, k, tz);
+    VF_STAMP(true, 1);
+  } else {  /* row i, tile t: step 2 */
+    const int i = (x - 1) / nt, tile = (x - 1) % nt, lo = tile * vt, hi = min(V, lo + vt);
+    const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
+    const int d = (!bonus && !qc) ? __ldg(&draft[(i64)b * k + i]) : -1;  /* point mass */
+    const i64 row = (i64)b * k1 + i;
+    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
+            sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
+            d, bonus, lo, hi, rchunk + 2 * row * nch, tpart + (row * nt + tile) * VF_TREC,
+            alist + 2 * row * acap, acnt + row, acap, vec && (!dense || vec_q), s);
+    VF_STAMP(x == 1, 2);
+  }
+  VF_PROF_ARRIVE();
+  const bool last = dc_elect_last(&cnt[b], (u32)(k1 * nt + 1), &s.z.is_last);
+  VF_STAMP(x == 1, 3);
+  if (!last) return;
+  VF_STAMP(true, 8);
+  VF_PROF_LAST();
+  if (x != 0) {
+    if (tid == 0) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+    vf_get_tests(s.z, k, tz);
+    __syncthreads();
+  }
+  if (vf_validate(s, k, nt, tpart, acnt, accepted, tokens, status, b)) return;
+  vf_last(s, key, s.z.ncand, true, target, qc, qi, W, k, V, nt, tpart, rchunk, alist, acnt,
+          acap, accepted, tokens, status, vt, b);
 }
