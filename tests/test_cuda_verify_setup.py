@@ -50,18 +50,24 @@ def test_lazy_kernel_by_grid(batch, kernel, monkeypatch):
 @pytest.mark.parametrize("batch, k1, v, vt", [
     (1, 6, 129280, 2048),   # 64 tiles per row: 1 + 6 x 64 = 385 blocks <= 396
     (2, 6, 129280, 4096), (4, 6, 129280, 8192),
-    (8, 6, 129280, 0),      # tiles of 16384 ids would be needed: dc_v1 + dc_v2
-    (16, 6, 32000, 0), (64, 2, 111, 1024),
+    (8, 6, 129280, "vf"),   # one wave would need tiles of 16384 ids: dc_vfused's tiles
+    (32, 6, 129280, "vf"),  # 32 x 6 x 129280 elements: the largest batch taken there
+    (33, 6, 129280, 0), (64, 6, 129280, 0),  # dc_v1 + dc_v2 (they read less)
+    (16, 6, 32000, "vf"), (64, 2, 111, 1024),
     (1, 9, 4097, 0),        # k + 1 > 8
     (1, 2, 128 * 32768 + 1, 0)])  # beyond dc_vfused's vocabularies
 def test_one_launch_verify_by_grid(batch, k1, v, vt, monkeypatch):
-    """dc_vone (check=False / True verify without greedy requests in one launch) where its
-    grid of batch x (1 + k1 x tiles) blocks fits one wave at 3 blocks per SM (132 SMs)
-    with tiles of at most 8192 ids; DYADIC_CUDA_VONE=0 never, =1 with dc_vfused's tiles."""
+    """dc_vone (check=False / True verify without greedy requests in one launch): the
+    largest tiles that fit its grid of batch x (1 + k1 x tiles) blocks in one wave at 3
+    blocks per SM (132 SMs) if they have at most 8192 ids, else dc_vfused's tiles up to
+    batch x k1 x V = 32 x 6 x 129280; DYADIC_CUDA_VONE=0 never, =1 with dc_vfused's tiles."""
     monkeypatch.setattr(cupy_backend, "_VONE_MODE", "auto")
     got = cupy_backend._vone_tile(v, batch, k1, 132)
-    assert got == vt
-    if vt:
+    if vt == "vf":
+        assert got == cupy_backend._vf_tile(v, batch, 132) and batch * k1 * v <= 32 * 6 * 129280
+    else:
+        assert got == vt
+    if vt and vt != "vf":
         nt = -(-v // vt)
         assert vt % 1024 == 0 and batch * (1 + k1 * nt) <= 3 * 132 and nt <= 128
     monkeypatch.setattr(cupy_backend, "_VONE_MODE", "0")

@@ -175,3 +175,23 @@ def test_one_launch_route(cb, monkeypatch, mode, taken):
                   greedy=torch.ones(1, dtype=torch.bool, device="cuda"), backend="cuda",
                   check=False)
     assert key not in cb._PLANS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, v", [(8, 129280), (16, 32000), (32, 4097)])
+@pytest.mark.parametrize("qkind", ["dense", "sparse"])
+def test_one_launch_parity_larger_batches(cb, monkeypatch, b, v, qkind):
+    """Larger batches that the automatic choice still gives dc_vone (tiles of up to
+    16384 ids at V = 129280), against the two launches and the CPU backend."""
+    rng = np.random.default_rng(b + v)
+    k = 5
+    p = _target(rng, b, k + 1, v)
+    draft, q = _q(rng, p, qkind, k)
+    keys = _keys(rng, b)
+    one = _verify(cb, monkeypatch, "auto", p, draft, q, keys)
+    assert cb._PLANS.get(("verify_one", cb._device_id(), b, k + 1, v))
+    two = _verify(cb, monkeypatch, "0", p, draft, q, keys)
+    ref = dyadic.verify(p, draft, q, keys, backend="cpu")
+    for a, c in zip(one, two):
+        np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(one[1], ref.tokens)

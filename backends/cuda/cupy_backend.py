@@ -135,13 +135,20 @@ _VF_MINT = int(os.environ.get("DYADIC_CUDA_VF_MINT", "2048"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 # verify (check=False / True) without greedy requests in one launch: dc_vone (verify_fused.cuh:
 # dc_vfused's tiles for every row, the tests in a block of their own, dc_v1's validation in
-# the last block) in place of dc_v1 + dc_v2 while its grid of B x (1 + (k + 1) x tiles)
-# blocks fits one wave at 3 blocks per SM with tiles of at most _VONE_VTMAX ids, k + 1 <= 8
-# and V <= _VF_MAXV.  DYADIC_CUDA_VONE=0 never takes it, =1 whenever k + 1 <= 8 (dc_vfused's
-# tiles; for tests), auto (default) as above.
+# the last block) in place of dc_v1 + dc_v2, for k + 1 <= 8 and V <= _VF_MAXV: with the
+# largest tiles that fit its grid of B x (1 + (k + 1) x tiles) blocks in one wave at 3
+# blocks per SM, if they have at most _VONE_VTMAX ids, else with dc_vfused's tiles while
+# B x (k + 1) x V <= _VONE_MAXELEM (dc_vone reads every q row too: at B = 64 the two
+# launches are faster).  H200 (2026-12-01, k = 5, V = 129280, device us, dense / top-32 q,
+# dc_vone against dc_v1 + dc_v2 in one process): B=1 16.4 / 16.9 against 26.8 / 34.3, B=2
+# 18.5 / 19.1 against 29.2 / 36.5, B=4 23.9 / 24.1 against 33.9 / 39.7, with dc_vfused's
+# tiles B=8 42.8 / 43.4 against 41.0 / 47.6, B=16 56.5 / 57.1 against 61.3 / 67.5, B=32
+# 92.4 / 92.9 against 102.9 / 101.9, B=64 164.2 / 165.3 against 150.5 / 149.2.
+# DYADIC_CUDA_VONE=0 never takes it, =1 whenever k + 1 <= 8 (dc_vfused's tiles; for tests).
 _VONE_MODE = os.environ.get("DYADIC_CUDA_VONE", "auto")
 _VONE_MAXK1 = 8  # VA_MAXK1
 _VONE_VTMAX = int(os.environ.get("DYADIC_CUDA_VONE_VT", "8192"))
+_VONE_MAXELEM = int(os.environ.get("DYADIC_CUDA_VONE_MAXELEM", str(32 * 6 * 129280)))
 _VF_MAXV = 128 * 32768
 # entries of a row's list of ids whose selection needs the exact total (more: their 64-id
 # chunks are summed again in full); DYADIC_CUDA_VF_ACAP=0 sends every such id that way.
@@ -340,17 +347,18 @@ def _vone_tile(v, batch, k1, nsm):
     """dc_vone's tile length, or 0 where dc_v1 + dc_v2 are taken (_VONE_MODE).  auto: the
     most tiles per row, of at least _VF_MINT ids, with 1 + (k + 1) x tiles blocks per
     request within one wave at 3 blocks per SM, if that makes tiles of at most
-    _VONE_VTMAX ids."""
+    _VONE_VTMAX ids; else dc_vfused's tiles while B x (k + 1) x V <= _VONE_MAXELEM."""
     if k1 > _VONE_MAXK1 or v > _VF_MAXV or _VONE_MODE == "0":
         return 0
     if _VONE_MODE == "1":
         return _vf_tile(v, batch, nsm)
     per_row = (3 * nsm // batch - 1) // k1
-    if per_row < 1:
-        return 0
-    nt = min(-(-v // _VF_MINT), per_row, 128)
-    vt = -(-(-(-v // nt)) // 1024) * 1024
-    return vt if vt <= _VONE_VTMAX else 0
+    if per_row >= 1:
+        nt = min(-(-v // _VF_MINT), per_row, 128)
+        vt = -(-(-(-v // nt)) // 1024) * 1024
+        if vt <= _VONE_VTMAX:
+            return vt
+    return _vf_tile(v, batch, nsm) if batch * k1 * v <= _VONE_MAXELEM else 0
 
 
 def _tile_for(v, rows, nsm, cap, per_sm=4):
