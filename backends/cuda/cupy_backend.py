@@ -36,7 +36,15 @@ Launch structure:
   state that the last block of ``da2_mark`` zeroes, a remainder-digit
   histogram and an exact boundary-bin resolution; DYADIC_CUDA_DENSE=mb / old:
   the earlier paths), then ``dc_draw`` for propose.
-- verify, two launches: (1) partial sums per (row, tile) reading every target
+- verify without greedy requests (check=False / True), small and middle batches
+  (B x (k + 1) x V <= 32 x 6 x 129280, k + 1 <= 8; _vone_tile): ONE launch of
+  ``dc_vone`` (verify_fused.cuh): block 0 of each request classifies the k
+  tests as dc_vfused's blocks do and stores them, the other blocks run
+  dc_vfused's tile pass for every row of the request (row totals, validity,
+  residual chunk sums), and the last block validates as (1) below (every row
+  in order, then every draft), walks the chain and draws as dc_vfused does.
+  DYADIC_CUDA_VONE=0 / 1 / auto.
+- verify otherwise, two launches: (1) partial sums per (row, tile) reading every target
   row once; the last block of each request (atomic counter) runs the totals,
   the status and the acceptance chain (``dy_accept``) in one warp.  (2) the
   single residual (or bonus) draw per request, spread over many blocks:

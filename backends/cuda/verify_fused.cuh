@@ -1,6 +1,8 @@
 /* ========================================================================
  * verify, check="lazy", in ONE launch: dc_vfused (in place of dc_vlazy2 +
- * dc_vres2; the same results bit for bit).  Included at the end of
+ * dc_vres2; the same results bit for bit); and, at the end of this file,
+ * check=False / True verify without greedy requests in one launch: dc_vone (in
+ * place of dc_v1 + dc_v2, from the same tile pass and last block).  Included at the end of
  * dyadic_kernels.cu after verify_lazy.cuh / verify_lazy2.cuh (uses LzShared,
  * lz_tests, lz_walk, lr_find, lr_pick, lr_val, ResRow / res_weight / q_at).
  *
