@@ -393,12 +393,16 @@ VS = [1, 2, 111, 4097, 32000, 129280]
 def test_lazy_parity(cuda, v, b, k, qkind):
     if v * b * (k + 1) > 3_000_000:
         b = max(1, 3_000_000 // (v * (k + 1)))
-    rng = np.random.default_rng(v + 7 * b + 31 * k)
+    _random_case_same_as_cpu(np.random.default_rng(v + 7 * b + 31 * k), b, k, v, qkind, 1)
+
+
+def _random_case_same_as_cpu(rng, b, k, v, qkind, generation):
+    """A random target / draft / q case and two keys: lazy == CPU == check=False."""
     p = _target(rng, b, k + 1, v)
     draft, q = _draft_q(rng, p, qkind, k)
     for rep in range(2):
-        keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), generation=1, round=rep,
-                           position=rng.integers(0, 2**20, size=b))
+        keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), generation=generation,
+                           round=rep, position=rng.integers(0, 2**20, size=b))
         _same_as_cpu(p, draft, q, keys)
 
 
@@ -723,11 +727,4 @@ def test_lazy_parity_full_batch(cuda, qkind):
 def test_lazy_parity_search_paths(cuda, v, qkind):
     """Vocabularies past the benchmark's (2**17, 2**17 + 1, a prime above 2**17: more than
     2048 chunks of 64 ids, a last tile of one id): dc_vfused equals the CPU backend."""
-    b, k = 2, 3
-    rng = np.random.default_rng(v + len(qkind))
-    p = _target(rng, b, k + 1, v)
-    draft, q = _draft_q(rng, p, qkind, k)
-    for rep in range(2):
-        keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), generation=3, round=rep,
-                           position=rng.integers(0, 2**20, size=b))
-        _same_as_cpu(p, draft, q, keys)
+    _random_case_same_as_cpu(np.random.default_rng(v + len(qkind)), 2, 3, v, qkind, 3)
