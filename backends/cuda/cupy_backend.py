@@ -1101,10 +1101,11 @@ class CupyBackend:
 
     def verify_launcher(self, batch, k1, v, w, lazy):
         """A launcher for eager verify calls shaped like this one (target [B, k+1, V], q of
-        width ``w``; greedy None), with ``check=False`` (dc_v1 + dc_v2) or ``"lazy"``
-        (dc_vfused): ``launcher.run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st)`` (pointers,
-        None for an absent q field; ``g`` unused by the lazy kernel) makes the launches the full path makes; None where
-        the full path takes another route (A/B switches, V beyond the fused kernel)."""
+        width ``w``; greedy None), with ``check=False`` (dc_vone where _vone_tile takes it,
+        else dc_v1 + dc_v2) or ``"lazy"`` (dc_vfused): ``launcher.run(t, d, qc, qi, g, kptrs,
+        kfmt, a, tk, st)`` (pointers, None for an absent q field; ``g`` unused by dc_vone and
+        the lazy kernel) makes the launches the full path makes; None where the full path
+        takes another route (A/B switches, V beyond the fused kernel)."""
         k = k1 - 1
         if k > _MAX_K_VERIFY:
             return None
