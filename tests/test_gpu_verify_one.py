@@ -195,3 +195,21 @@ def test_one_launch_parity_larger_batches(cb, monkeypatch, b, v, qkind):
     for a, c in zip(one, two):
         np.testing.assert_array_equal(a, c)
     np.testing.assert_array_equal(one[1], ref.tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [1, 111, 4097])
+def test_one_launch_no_drafts(cb, monkeypatch, v):
+    """k = 0 (only the bonus row): dc_vone, the two launches and the CPU backend agree."""
+    rng = np.random.default_rng(v)
+    b = 3
+    p = _target(rng, b, 1, v)
+    draft = np.zeros((b, 0), np.int32)
+    keys = _keys(rng, b)
+    one = _verify(cb, monkeypatch, "1", p, draft, None, keys)
+    two = _verify(cb, monkeypatch, "0", p, draft, None, keys)
+    ref = dyadic.verify(p, draft, None, keys, backend="cpu")
+    for a, c in zip(one, two):
+        np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(one[1], ref.tokens)
+    np.testing.assert_array_equal(one[0], ref.accepted)
