@@ -703,26 +703,39 @@ def _v12_run(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, kfmt, a, tk, st):
             tk, st, rcnt, rt, vec_t, vec_q))
 
 
+def _vf_vec_flags(t, qc, qi, v):
+    """dc_vfused's / dc_vone's (vec, vec_q) words: 16-byte loads of the target rows (V % 4
+    == 0, 16-byte aligned target), and of the dense q rows too (qc 16-byte aligned, no
+    ids); t, qc, qi are pointers (null: 0)."""
+    vec = v % 4 == 0 and t % 16 == 0
+    vec_q = vec and bool(qc) and not qi and qc % 16 == 0
+    return _I32[vec], _I32[vec_q]
+
+
+def _vf_row_buffers(batch, k1, nt, v):
+    """The per-row scratch of dc_vfused and dc_vone: tile records (6 u64 per request, row
+    and tile), 64-id chunk records, the ambiguous-id lists and their counters."""
+    return (scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
+            scratch("vf_rchunk", 16 * batch * k1 * ((v + 63) // 64)),
+            scratch("vf_alist", 16 * batch * k1 * _VF_ACAP), scratch("vf_acnt", 4 * batch * k1))
+
+
 def _vf_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
     """One launch of dc_vfused (plan: CupyBackend._vf_plan); every array a pointer."""
     vt, nt32, acap, pre, kern, grid, block, _, ptrs = plan
     tpart, rchunk, alist, acnt, cnt = ptrs
-    vec = v % 4 == 0 and t % 16 == 0  # 16-byte loads (dense q: vec_q too)
-    vec_q = vec and bool(qc) and not qi and qc % 16 == 0  # null pointers: 0
     kern.launch(grid, block, (
         t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
-        alist, acnt, acap, a, tk, st, cnt, vt, pre, _I32[vec], _I32[vec_q]))
+        alist, acnt, acap, a, tk, st, cnt, vt, pre, *_vf_vec_flags(t, qc, qi, v)))
 
 
 def _vone_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
     """One launch of dc_vone (plan: CupyBackend._vone_plan); every array a pointer."""
     vt, nt32, acap, kern, grid, block, _, ptrs = plan
     tpart, rchunk, alist, acnt, cnt, tz = ptrs
-    vec = v % 4 == 0 and t % 16 == 0  # 16-byte loads (dense q: vec_q too)
-    vec_q = vec and bool(qc) and not qi and qc % 16 == 0  # null pointers: 0
     kern.launch(grid, block, (
         t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
-        alist, acnt, acap, a, tk, st, cnt, tz, vt, _I32[vec], _I32[vec_q]))
+        alist, acnt, acap, a, tk, st, cnt, tz, vt, *_vf_vec_flags(t, qc, qi, v)))
 
 
 class _Launcher:
@@ -1178,14 +1191,11 @@ class CupyBackend:
         if plan is None:
             vt = _vf_tile(v, batch, _num_sms())
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
-            nch = (v + 63) // 64
             plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP], _I32[batch <= _LAZY_PRE])
                     + _launch_plan(_kernel(_vf_kernel(nt, batch, _num_sms())),
-                                   (nt, batch), (256,), (
-                        scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
-                        scratch("vf_rchunk", 16 * batch * k1 * nch),
-                        scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
-                        scratch("vf_acnt", 4 * batch * k1), scratch("vf_cnt", 4 * batch))))
+                                   (nt, batch), (256,),
+                                   _vf_row_buffers(batch, k1, nt, v)
+                                   + (scratch("vf_cnt", 4 * batch),)))
             _PLANS[pk] = plan
         return plan
 
@@ -1200,14 +1210,11 @@ class CupyBackend:
             plan = False
             if vt:
                 nt = (v + vt - 1) // vt
-                nch = (v + 63) // 64
                 plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP])
-                        + _launch_plan(_kernel("dc_vone"), (1 + k1 * nt, batch), (256,), (
-                            scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
-                            scratch("vf_rchunk", 16 * batch * k1 * nch),
-                            scratch("vf_alist", 16 * batch * k1 * _VF_ACAP),
-                            scratch("vf_acnt", 4 * batch * k1), scratch("vone_cnt", 4 * batch),
-                            scratch("vone_tests", 4 * 64 * batch))))  # VA_TZW u32 words
+                        + _launch_plan(_kernel("dc_vone"), (1 + k1 * nt, batch), (256,),
+                                       _vf_row_buffers(batch, k1, nt, v)
+                                       + (scratch("vone_cnt", 4 * batch),
+                                          scratch("vone_tests", 4 * 64 * batch))))  # VA_TZW
             _PLANS[pk] = plan
         return plan
 
