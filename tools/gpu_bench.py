@@ -11,6 +11,7 @@ Inputs p = softmax(3z), V = 129280.  Two medians per graph (200 replays each):
 The plain-PyTorch pipelines are timed the same two ways in the same run.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -48,6 +49,22 @@ def put(r, name, fn):
         r[name + "@dev"] = round(dev, 1) if held else f"{dev:.1f} (not held)"
     except Exception as e:  # noqa: BLE001
         r[name] = f"error: {type(e).__name__}: {e}"[:120]
+
+
+@contextlib.contextmanager
+def switched(module, sets):
+    """The module's attributes set to ``sets`` (the backend's A/B switches) and its launch
+    plans cleared, for the block; restored (plans cleared again) after it."""
+    prev = {attr: getattr(module, attr) for attr in sets}
+    for attr, val in sets.items():
+        setattr(module, attr, val)
+    module._PLANS.clear()
+    try:
+        yield
+    finally:
+        for attr, val in prev.items():
+            setattr(module, attr, val)
+        module._PLANS.clear()
 
 
 def eager_host(fn, reps=300):
@@ -146,30 +163,16 @@ def main():
                                ("verify_k5_top32_lazy_V2", {"_LAZY_MODE": "2"}, ver_sp_lazy),
                                ("verify_k5_dense_V12", {"_VONE_MODE": "0"}, ver),
                                ("verify_k5_top32_V12", {"_VONE_MODE": "0"}, cs["verify_k5_top32"])):
-            if not all(hasattr(_cb, attr) for attr in sets):
-                continue
-            prev = {attr: getattr(_cb, attr) for attr in sets}
-            for attr, val in sets.items():
-                setattr(_cb, attr, val)
-            _cb._PLANS.clear()
-            try:
-                put(r, name, fn)
-            finally:
-                for attr, val in prev.items():
-                    setattr(_cb, attr, val)
-                _cb._PLANS.clear()
+            if all(hasattr(_cb, attr) for attr in sets):
+                with switched(_cb, sets):
+                    put(r, name, fn)
         r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
         r["eager_host_propose_us"] = round(eager_host(prop), 1)
         r["eager_host_verify_us"] = round(eager_host(ver), 1)
         if hasattr(_cb, "_VONE_MODE"):  # the same call on the two launches (dc_v1 + dc_v2)
-            prev, _cb._VONE_MODE = _cb._VONE_MODE, "0"
-            _cb._PLANS.clear()
-            try:
+            with switched(_cb, {"_VONE_MODE": "0"}):
                 r["eager_host_verify_V12_us"] = round(eager_host(ver), 1)
-            finally:
-                _cb._VONE_MODE = prev
-                _cb._PLANS.clear()
         r["eager_host_verify_lazy_us"] = round(eager_host(ver_lazy), 1)
         if B == 1:  # where the host time of an eager propose goes
             import cProfile
