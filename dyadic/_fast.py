@@ -33,7 +33,7 @@ At most ``_MAX`` entries per primitive (cleared when full).
 """
 
 from . import _device as _dev
-from ._types import Dyadic, Keys, Verdict
+from ._types import Dyadic, Keys, trusted_dyadic, trusted_verdict
 
 _MAX = 256
 _PROPOSE = {}
@@ -129,7 +129,7 @@ class FastPropose:
         tokens, counts, ids, status = _dev._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, logits.data_ptr(), self.temp_ptr, k[0],
                 k[1], (tokens.data_ptr(), counts.data_ptr(), ids.data_ptr(), status.data_ptr()))
-        return tokens, Dyadic(counts, ids, vocab_size=self.v, policy=self.policy, _trusted=True)
+        return tokens, trusted_dyadic(counts, ids, self.v, self.policy)
 
 
 def propose_key(logits, temperature, top_k, policy, backend):
@@ -171,7 +171,7 @@ class FastAllocate:
         counts, ids, status = _dev._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, x.data_ptr(), self.temp_ptr,
                 counts.data_ptr(), None if ids is None else ids.data_ptr(), status.data_ptr())
-        return Dyadic(counts, ids, vocab_size=self.v, policy=self.policy, _trusted=True)
+        return trusted_dyadic(counts, ids, self.v, self.policy)
 
 
 def allocate_key(x, logits, temperature, top_k, policy, backend):
@@ -291,7 +291,7 @@ class FastVerify:
         accepted, tokens, status = _dev._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, target.data_ptr(), draft.data_ptr(), qc,
                 qi, g, k[0], k[1], accepted.data_ptr(), tokens.data_ptr(), status.data_ptr())
-        return Verdict(accepted, tokens, status)
+        return trusted_verdict(accepted, tokens, status)
 
 
 def verify_key(target, q, backend, lazy):
