@@ -243,3 +243,71 @@ def test_cupy_fallback_wraps_an_explicit_stream(stub):
     assert fn.calls[0][3] == ("stream object", 0xABC)
     assert fn.calls[1][3] is None
     assert stub.launches == []  # nothing went through the driver
+
+
+def _bound_case():
+    """A kernel, fixed arguments of every kind and three per-call words (Vars)."""
+    fn = FakeFunction(0x7100)
+    k = launch.Kernel(fn, "dc_bound")
+    x, kf, vec = launch.Var("x"), launch.Var("kfmt", np.int32), launch.Var("vec", np.int32)
+    fixed = (np.int32(-7), np.uint64(2**40 + 5), FakeND(0xBEEF00), 12345)
+    args = (x, fixed[0], fixed[1], kf, fixed[2], fixed[3], vec)
+    return fn, k, launch.Bound(k, (6, 2), (256,), args), fixed
+
+
+def _bound_launch(b, x, kf, vec, stream=None):
+    s = b.take()
+    s.w[b.pos["x"]], s.w[b.pos["kfmt"]], s.w[b.pos["vec"]] = x, kf, vec
+    b.launch(s, stream)
+
+
+def test_bound_same_launch_as_kernel_call(stub):
+    _, k, b, (i32, u64, nd, py) = _bound_case()
+    assert b.pos == {"x": 0, "kfmt": 3, "vec": 6}
+    for x, kf, vec in ((0xA000, 5, 1), (0xB010, 0, 0), (2**63 - 8, 255, 1)):
+        _bound_launch(b, x, kf, vec)
+        k((6, 2), (256,), (x, i32, u64, np.int32(kf), nd, py, np.int32(vec)))
+        got, want = stub.launches[-2], stub.launches[-1]
+        for field in ("f", "grid", "block", "smem", "stream", "extra"):
+            assert got[field] == want[field], field
+        assert got["words"][:7] == want["words"][:7]
+        assert _int32_at(got["params"], 1) == -7
+    _bound_launch(b, 0xC000, 1, 0, stream=0xABC)
+    assert stub.launches[-1]["stream"] == 0xABC
+
+
+def test_bound_slots_keep_fixed_words_and_are_reentrant(stub):
+    _, _, b, _ = _bound_case()
+    _bound_launch(b, 0x1000, 1, 1)
+    _bound_launch(b, 0x2000, 2, 0)
+    assert stub.launches[0]["params"] == stub.launches[1]["params"]  # one slot set, reused
+    assert stub.launches[1]["words"][:7] == [0x2000, 2**64 - 7, 2**40 + 5, 2, 0xBEEF00, 12345, 0]
+    s1 = b.take()
+    s2 = b.take()  # a second caller while the first holds its slots
+    assert s1 is not s2 and list(s2.buf[1:3]) == [2**64 - 7, 2**40 + 5]
+
+
+def test_bound_rejects_two_vars_of_one_name():
+    k = launch.Kernel(FakeFunction(), "dc_bound")
+    with pytest.raises(ValueError, match="dc_bound: two per-call arguments with one name"):
+        launch.Bound(k, (1,), (1,), (launch.Var("x"), np.int32(1), launch.Var("x")))
+
+
+def test_bound_error_raises_with_name(stub):
+    stub.rc = [700]
+    _, _, b, _ = _bound_case()
+    with pytest.raises(RuntimeError, match="dc_bound.*CUDA_ERROR_ILLEGAL_ADDRESS"):
+        _bound_launch(b, 0x1000, 0, 0)
+
+
+def test_bound_cupy_fallback_gets_the_full_arguments(stub):
+    fn, _, b, (i32, u64, nd, py) = _bound_case()
+    launch.MODE = "cupy"
+    _bound_launch(b, 0xD000, 3, 1, stream=None)
+    assert not stub.launches
+    grid, block, args, stream = fn.calls[-1]
+    assert grid == (6, 2, 1) and block == (256, 1, 1) and stream is None
+    assert args[0] == 0xD000 and type(args[0]) is int
+    assert args[1] is i32 and args[2] is u64 and args[4] is nd and args[5] == py
+    assert type(args[3]) is np.int32 and args[3] == 3
+    assert type(args[6]) is np.int32 and args[6] == 1

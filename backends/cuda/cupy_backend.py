@@ -641,22 +641,88 @@ def _pk_route(top_k, bias_ok, batch, v, packed_ok=False):
     return None
 
 
-def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
-    """One launch of pk_topk2 / pk_topk3 (plan: CupyBackend._pk_plan) with the arguments
-    ``common`` (x, its dtype code, bias, its code and rows, temperature, logits, greedy_ok,
-    V), the key pointers and format, and ``outs`` (tokens, counts, ids, status pointers).
-    pk_topk3 also takes whether its 16-byte loads apply (x's pointer 16-byte aligned, V a
-    multiple of 8 ids, 4 for float32): checked per call, the plan is per shape."""
-    r32, chunk32, fn, grid, block, _, (ckey, cid, bbad, ctr), packed = plan
-    vec = wide and common[0] % 16 == 0 and common[8] % (4 if common[1] == 0 else 8) == 0
-    # pk_topk4 / 4w / 4x: 16-bit logits (x code 1 / 2), no bias, 16-byte loads
+def _pk_vec(wide, x_ptr, code, v):
+    """pk_topk3 / pk_topk4*'s 16-byte loads: x's pointer 16-byte aligned and V a multiple
+    of 8 ids (4 for float32, x code 0); checked per call, the plan is per shape."""
+    return wide and x_ptr % 16 == 0 and v % (4 if code == 0 else 8) == 0
+
+
+def _pk_variant(plan, common, vec):
+    """(r32, chunk32, kernel, grid) of a pk launch: pk_topk4 / 4w / 4x (the plan's packed
+    variants, [0] its auto choice) for 16-bit logits (x code 1 / 2) without bias on 16-byte
+    loads, else the plan's pk_topk2 / pk_topk3."""
+    r32, chunk32, fn, grid, _, _, _, packed = plan
     if vec and _PK4 and common[1] != 0 and common[2] is _NULL and common[6]:
-        r32, chunk32, fn, grid = packed[max(_PK4, 0)]  # [0]: the plan's auto choice
-    args = common + (_I32[k], r32, chunk32, _I32[policy], _I32[do_draw], *kptrs,
-                     _I32[kfmt], ckey, cid, bbad, ctr, *outs)
-    if wide:
-        args += (_I32[int(vec)],)
-    fn.launch(grid, block, args)
+        return packed[max(_PK4, 0)]
+    return r32, chunk32, fn, grid
+
+
+def _pk_args(plan, variant, common, k, policy, do_draw, kptrs, kfmt32, outs, vec32):
+    """A pk launch's arguments: ``common``, the variant's tile words, the key pointers and
+    format, the plan's scratch, ``outs``, then ``vec32`` (None: pk_topk2, no such word)."""
+    args = (common + (_I32[k], variant[0], variant[1], _I32[policy], _I32[do_draw], *kptrs,
+                      kfmt32) + plan[6] + tuple(outs))
+    return args if vec32 is None else args + (vec32,)
+
+
+def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
+    """One launch of pk_topk2 / pk_topk3 / pk_topk4* (plan: CupyBackend._pk_plan) with the
+    arguments ``common`` (x, its dtype code, bias, its code and rows, temperature, logits,
+    greedy_ok, V), the key pointers and format, and ``outs`` (tokens, counts, ids, status
+    pointers)."""
+    vec = _pk_vec(wide, common[0], common[1], common[8])
+    variant = _pk_variant(plan, common, vec)
+    variant[2].launch(variant[3], plan[4], _pk_args(plan, variant, common, k, policy, do_draw,
+                                                    kptrs, _I32[kfmt], outs,
+                                                    _I32[int(vec)] if wide else None))
+
+
+# Per-call words of the fast path's launches (launch.Bound): the arguments that change from
+# call to call of one cached configuration (pointers of the inputs, outputs and key fields,
+# the key format, the 16-byte-load flags); everything else is packed once per Bound.
+_VAR = _launch.Var
+_VX, _VTEMP = _VAR("x"), _VAR("temp")
+_VKEYS = tuple(_VAR("key%d" % i) for i in range(4))
+_VKFMT = _VAR("kfmt", np.int32)
+_VOUTS = tuple(_VAR("out%d" % i) for i in range(4))
+_VVEC, _VVECQ = _VAR("vec", np.int32), _VAR("vec_q", np.int32)
+
+
+def _pk_fast(plan, wide, head, tail, k, policy, do_draw, code, v):
+    """``run(x_ptr, temp_ptr, kptrs, kfmt, outs)``: _pk_run's launch for x without bias
+    (``head`` / ``tail``: _common_parts), through launch.Bound (one per variant: without
+    and with 16-byte loads); the same kernel, grid and words."""
+    common = (_VX, *head, _VTEMP, *tail)
+
+    def bound(vec):
+        var = _pk_variant(plan, common, vec)
+        return _launch.Bound(var[2], var[3], plan[4], _pk_args(
+            plan, var, common, k, policy, do_draw, _VKEYS, _VKFMT, _VOUTS,
+            _VVEC if wide else None))
+
+    vec_ok = _pk_vec(wide, 0, code, v)  # with an aligned pointer
+    plain = bound(False)
+    aligned = bound(True) if vec_ok else plain
+    p = plain.pos
+    ix, it, kf, iv = p["x"], p["temp"], p["kfmt"], p.get("vec")
+    k0, k1, k2, k3 = (p[a.name] for a in _VKEYS)
+    o0, o1, o2, o3 = (p[a.name] for a in _VOUTS)
+
+    def run(x_ptr, temp_ptr, kptrs, kfmt, outs):
+        vec = vec_ok and x_ptr % 16 == 0
+        b = aligned if vec else plain
+        s = b.take()
+        w = s.w
+        w[ix] = x_ptr
+        w[it] = temp_ptr
+        w[k0], w[k1], w[k2], w[k3] = kptrs
+        w[kf] = kfmt
+        w[o0], w[o1], w[o2], w[o3] = outs
+        if iv is not None:
+            w[iv] = vec
+        b.launch(s)
+
+    return run
 
 
 def _common_parts(code, logits, greedy_ok, v):
@@ -885,12 +951,7 @@ class CupyBackend:
         k, dev = int(top_k), _device_id()
         plan = self._pk_plan(wide, batch, v, k, dev)
         head, tail = _common_parts(code, logits, do_draw, v)
-        draw = int(do_draw)
-
-        def run(x_ptr, temp_ptr, kptrs, kfmt, outs):
-            _pk_run(plan, wide, (x_ptr, *head, temp_ptr, *tail), k, policy, draw, kptrs, kfmt,
-                    outs)
-
+        run = _pk_fast(plan, wide, head, tail, k, policy, int(do_draw), int(code), v)
         return run, ("pk3" if wide else "pk2", dev, batch, v, k), plan
 
     def propose_launcher(self, batch, v, x_dtype, top_k, policy):

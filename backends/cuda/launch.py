@@ -197,9 +197,10 @@ def fill(buf, args, kernel="kernel"):
 
 
 class _Slots:
-    """n 8-byte argument slots and the array of pointers to them (kernelParams)."""
+    """n 8-byte argument slots and the array of pointers to them (kernelParams); ``w``
+    views the slots as unsigned 64-bit words (``w[i] = value`` writes slot i)."""
 
-    __slots__ = ("cap", "buf", "ptrs", "arg")
+    __slots__ = ("cap", "buf", "ptrs", "arg", "w")
 
     def __init__(self, cap):
         self.cap = cap
@@ -207,6 +208,7 @@ class _Slots:
         base = ctypes.addressof(self.buf)
         self.ptrs = (ctypes.c_void_p * cap)(*[base + 8 * i for i in range(cap)])
         self.arg = ctypes.c_void_p(ctypes.addressof(self.ptrs))
+        self.w = memoryview(self.buf).cast("B").cast("Q")
 
 
 def _handle_of(func):
@@ -283,6 +285,11 @@ class Kernel:
         except (struct.error, TypeError, OverflowError):
             (_UNSIGNED.get(n) or _struct(_UNSIGNED, "Q", n)).pack_into(
                 slots.buf, 0, *[slot_value(a, self.name) for a in args])
+        self._go(lib, grid3, block3, slots, stream, self._free)
+
+    def _go(self, lib, grid3, block3, slots, stream, free):
+        """cuLaunchKernel with the filled ``slots`` on ``stream`` (None: the current
+        stream); the slots go back to ``free`` (once the driver has copied them)."""
         if stream is None:
             stream = _CURRENT_STREAM()
         st = _STREAM_ARGS.get(stream)
@@ -296,7 +303,7 @@ class Kernel:
             rc = None
         if rc != 0:
             rc = self._retry(lib, rc, grid3, block3, st, slots)
-        self._free.append(slots)
+        free.append(slots)
         if rc:
             raise RuntimeError(f"cuLaunchKernel({self.name}) failed: {lib.error_name(rc)} "
                                f"({rc}); grid {_dims(grid3)}, block {_dims(block3)}")
@@ -320,5 +327,69 @@ class Kernel:
         return self.func(grid, block, args, stream=_WRAP_STREAM(int(stream)))
 
 
-__all__ = ["Kernel", "MODE", "active", "configure", "describe", "fill", "load", "set_driver",
+class Var:
+    """A per-call argument in the ``args`` of a ``Bound``: ``name`` finds its slot
+    (``Bound.pos[name]``), ``fallback`` makes the value CuPy's launch passes from the
+    slot's word (``int``: a pointer or 64-bit word; ``np.int32`` for an ``int``
+    parameter)."""
+
+    __slots__ = ("name", "fallback")
+
+    def __init__(self, name, fallback=int):
+        self.name, self.fallback = name, fallback
+
+
+class Bound:
+    """One launch of ``kernel`` whose grid, block and arguments are fixed except the
+    ``Var`` ones: the repeat-call fast path's launches.
+
+    ``s = bound.take()`` gives argument slots that already hold every fixed word
+    (packed once, when the slots were made); the caller writes each per-call word,
+    ``s.w[bound.pos[name]] = value`` (unsigned 64-bit: pointers, flags, small
+    non-negative integers), then ``bound.launch(s)`` launches on the current stream and
+    takes the slots back.  The same words reach the kernel as ``kernel(grid, block,
+    args)`` with the values in place of the Vars (tests/test_launch_pack.py).  Without
+    the driver (MODE "cupy", no libcuda, no handle) ``launch`` passes exactly those
+    arguments to CuPy's launch, each Var's value made by its ``fallback``.  Slots are
+    taken from a free list: concurrent calls from several threads get separate slots.
+    """
+
+    __slots__ = ("kernel", "grid3", "block3", "args", "pos", "_n", "_free")
+
+    def __init__(self, kernel, grid, block, args):
+        self.kernel = kernel
+        self.grid3 = tuple(int(d) for d in (*grid, 1, 1)[:3])
+        self.block3 = tuple(int(d) for d in (*block, 1, 1)[:3])
+        self.args = tuple(args)
+        self.pos = {a.name: i for i, a in enumerate(self.args) if type(a) is Var}
+        if len(self.pos) != sum(type(a) is Var for a in self.args):
+            raise ValueError(f"{kernel.name}: two per-call arguments with one name")
+        self._n = len(self.args)
+        self._free = []
+
+    def take(self):
+        """Argument slots holding the fixed words (the Vars' slots hold stale words)."""
+        try:
+            return self._free.pop()
+        except IndexError:
+            slots = _Slots(max(self._n, 16))
+            fill(slots.buf, [0 if type(a) is Var else a for a in self.args], self.kernel.name)
+            return slots
+
+    def launch(self, slots, stream=None):
+        """Launch with ``slots`` (from ``take``, per-call words written) on ``stream``
+        (a raw handle; None: the current stream)."""
+        k = self.kernel
+        lib = _STATE["lib"]
+        if lib is None or MODE == "cupy" or k.handle is None:
+            if k.uses_cupy():
+                w = slots.w
+                args = [a.fallback(w[i]) if type(a) is Var else a for i, a in enumerate(self.args)]
+                self._free.append(slots)
+                return k._cupy(self.grid3, self.block3, args, stream)
+            lib = _STATE["lib"]
+        k._go(lib, self.grid3, self.block3, slots, stream, self._free)
+
+
+__all__ = ["Bound", "Kernel", "Var", "MODE", "active", "configure", "describe", "fill", "load", "set_driver",
            "slot_value"]
