@@ -325,6 +325,13 @@ def trace_cases(dyadic, torch):
                                                     kd if keys is None else keys, **kw)
 
     po, vo, ao = d["pout"], d["vout"], d["aout"]
+    g8 = torch.Generator().manual_seed(8)
+    k8 = {"p": torch.softmax(torch.randn(B, 9, V, generator=g8), -1),
+          "draft": torch.randint(0, V, (B, 8), generator=g8, dtype=torch.int32), None: None,
+          "dense": dyadic.Dyadic(torch.zeros(B, 8, V, dtype=torch.uint32), None, vocab_size=V,
+                                 _trusted=True),
+          "sparse": dyadic.Dyadic(torch.zeros(B, 8, 32, dtype=torch.uint32), i32(B, 8, 32),
+                                  vocab_size=V, _trusted=True)}
     for chk in (False, True):
         P(f"top32 bf16 out chk={chk}", top_k=32, temperature=0.7, check=chk, out=po)
         P(f"top32 f32 chk={chk}", x=d["logits32"], top_k=32, check=chk)
@@ -380,6 +387,9 @@ def trace_cases(dyadic, torch):
         for q in ("dense", "sparse", None):
             Vf(f"q={q} out chk={chk}", q=q, check=chk, out=vo)
             Vf(f"q={q} lazy", q=q, check="lazy", out=vo)
+            # k + 1 = 9 > 8: check=False takes dc_v1 + dc_v2, not dc_vone
+            Vf(f"k=8 q={q} chk={chk}", target=k8["p"], draft=k8["draft"], q=k8[q], check=chk)
+            Vf(f"k=8 q={q} lazy", target=k8["p"], draft=k8["draft"], q=k8[q], check="lazy")
         Vf(f"greedy chk={chk}", greedy=torch.zeros(B, dtype=torch.bool), check=chk)
         Vf(f"greedy lazy chk={chk}", greedy=torch.zeros(B, dtype=torch.bool), check="lazy")
         Vf(f"greedy bad dtype chk={chk}", greedy=i32(B), check=chk)

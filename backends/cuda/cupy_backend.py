@@ -733,49 +733,108 @@ def _common_parts(code, logits, greedy_ok, v):
             (_I32[int(bool(logits))], _I32[int(bool(greedy_ok))], _I32[v]))
 
 
+def _da_vec(code, x_ptr, v, cnt):
+    """_dense_da's (vec, cvec) flags: 16-byte loads of float32 x (code 0, V % 4 == 0, x
+    16-byte aligned) and 16-byte stores of the counts (V % 4 == 0, counts aligned)."""
+    return code == 0 and v % 4 == 0 and x_ptr % 16 == 0, v % 4 == 0 and cnt % 16 == 0
+
+
+def _da_launches(plan, common, policy, vec32, cnt, cvec32, st):
+    """The (kernel, arguments) of da2_max, da2_sum, da2_floor, da2_mark (plan:
+    CupyBackend._da_plan; ``common`` as _pk_run's)."""
+    dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw, batch = plan
+    base = common + (dt, vec32)
+    pol = _I32[policy]
+    return ((kmax, base + (state,)), (ksum, base + (state,)),
+            (kfloor, base + (pol, fine, state)),
+            (kmark, base + (pol, state, cand_r, cand_i, cnt, cvec32, st)))
+
+
+def _draw_args(counts, ids, w32, kptrs, kfmt32, tokens):
+    """dc_draw's arguments (counts, ids: pointers, ids null for dense rows)."""
+    return (counts, ids, w32, *kptrs, kfmt32, tokens)
+
+
 def _da_run(plan, common, v, policy, do_draw, kptrs, kfmt, cnt, st, tk):
     """The launches of _dense_da (plan: CupyBackend._da_plan) with the arguments ``common``
     (as _pk_run's), the key pointers and format, and the counts / status / tokens pointers
     (tokens _NULL without a draw)."""
-    dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw, batch = plan
-    vec = _I32[int(common[1]) == 0 and v % 4 == 0 and int(common[0]) % 16 == 0]
-    cvec = _I32[v % 4 == 0 and int(cnt) % 16 == 0]
-    pol = _I32[policy]
-    grid, blk = (nti, batch), (256,)
-    base = common + (dt, vec)
-    kmax(grid, blk, base + (state,))
-    ksum(grid, blk, base + (state,))
-    kfloor(grid, blk, base + (pol, fine, state))
-    kmark(grid, blk, base + (pol, state, cand_r, cand_i, cnt, cvec, st))
+    vec, cvec = _da_vec(int(common[1]), int(common[0]), v, int(cnt))
+    grid, blk = (plan[1], plan[11]), (256,)
+    for kern, args in _da_launches(plan, common, policy, _I32[vec], cnt, _I32[cvec], st):
+        kern(grid, blk, args)
     if do_draw:
-        kdraw((batch,), (256,), (cnt, _NULL, common[8], *kptrs, _I32[kfmt], tk))
+        plan[10]((plan[11],), (256,), _draw_args(cnt, _NULL, common[8], kptrs, _I32[kfmt], tk))
+
+
+def _da_fast(plan, head, tail, policy, code, v):
+    """``run(x_ptr, temp_ptr, counts, ids, status)``: _da_run's four launches for x without
+    bias and no draw (``head`` / ``tail``: _common_parts), through launch.Bound."""
+    grid = (plan[1], plan[11])
+    bounds = [_launch.Bound(kern, grid, (256,), args) for kern, args in _da_launches(
+        plan, (_VX, *head, _VTEMP, *tail), policy, _VVEC, _VCNT, _VCVEC, _VST)]
+    ix, it, iv = (bounds[0].pos[n] for n in ("x", "temp", "vec"))  # the same in all four
+    pm = bounds[3].pos
+    ic, icv, ist = pm["counts"], pm["cvec"], pm["st"]
+    first3, mark = bounds[:3], bounds[3]
+
+    def run(x_ptr, temp_ptr, counts, ids, status):
+        vec, cvec = _da_vec(code, x_ptr, v, counts)
+        for b in first3:
+            s = b.take()
+            w = s.w
+            w[ix] = x_ptr
+            w[it] = temp_ptr
+            w[iv] = vec
+            b.launch(s)
+        s = mark.take()
+        w = s.w
+        w[ix] = x_ptr
+        w[it] = temp_ptr
+        w[iv] = vec
+        w[ic] = counts
+        w[icv] = cvec
+        w[ist] = status
+        mark.launch(s)
+
+    return run
+
+
+def _v12_args(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, kfmt32, a, tk, st, vec_t32,
+              vec_q32):
+    """dc_v1's and dc_v2's arguments (plan: CupyBackend._v12_plan; pointers)."""
+    (nt1, vt, nrt2, rt, k1fn, grid1, block, _, ptrs, k2fn, grid2) = plan
+    plo, phi, pmax, pbad, res_row, res_t, rpart, vcnt, rcnt = ptrs
+    v32, w32, k32 = _I32[v], _I32[w], _I32[k]
+    return ((t, d, qc, qi, w32, g, _I32[batch], k32, v32, nt1, plo, phi, pmax, pbad, *kptrs,
+             kfmt32, res_row, res_t, a, tk, st, vcnt, vt, vec_t32),
+            (t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt32, res_row, res_t, rpart, a, tk,
+             st, rcnt, rt, vec_t32, vec_q32))
+
+
+def _v12_vec(t, qc, qi, v):
+    """dc_v1 / dc_v2's (vec_t, vec_q): 16-byte loads of the target rows (V % 4 == 0, target
+    16-byte aligned) and of dense q rows (qc aligned, no ids); pointers, null 0."""
+    return v % 4 == 0 and t % 16 == 0, bool(qc) and not qi and v % 4 == 0 and qc % 16 == 0
 
 
 def _v12_run(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, kfmt, a, tk, st):
     """dc_v1 then dc_v2 (plan: CupyBackend._v12_plan); every array argument a pointer."""
-    (nt1, vt, nrt2, rt, k1fn, grid1, block, _, ptrs, k2fn, grid2) = plan
-    plo, phi, pmax, pbad, res_row, res_t, rpart, vcnt, rcnt = ptrs
-    v32, w32, k32 = _I32[v], _I32[w], _I32[k]
-    vec_t = _I32[v % 4 == 0 and t % 16 == 0]
-    vec_q = _I32[qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0]
-    kfmt = _I32[kfmt]
+    vec_t, vec_q = _v12_vec(int(t), int(qc), int(qi), v)
+    a1, a2 = _v12_args(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, _I32[kfmt], a, tk, st,
+                       _I32[vec_t], _I32[vec_q])
     if _STAGE_ONLY != 2:
-        k1fn.launch(grid1, block, (
-            t, d, qc, qi, w32, g, _I32[batch], k32, v32, nt1, plo, phi, pmax, pbad,
-            *kptrs, kfmt, res_row, res_t, a, tk, st, vcnt, vt, vec_t))
+        plan[4].launch(plan[5], plan[6], a1)
     if _STAGE_ONLY != 1:
-        k2fn.launch(grid2, block, (
-            t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt, res_row, res_t, rpart, a,
-            tk, st, rcnt, rt, vec_t, vec_q))
+        plan[9].launch(plan[10], plan[6], a2)
 
 
-def _vf_vec_flags(t, qc, qi, v):
-    """dc_vfused's / dc_vone's (vec, vec_q) words: 16-byte loads of the target rows (V % 4
+def _vf_vec(t, qc, qi, v):
+    """dc_vfused's / dc_vone's (vec, vec_q): 16-byte loads of the target rows (V % 4
     == 0, 16-byte aligned target), and of the dense q rows too (qc 16-byte aligned, no
     ids); t, qc, qi are pointers (null: 0)."""
     vec = v % 4 == 0 and t % 16 == 0
-    vec_q = vec and bool(qc) and not qi and qc % 16 == 0
-    return _I32[vec], _I32[vec_q]
+    return vec, vec and bool(qc) and not qi and qc % 16 == 0
 
 
 def _vf_row_buffers(batch, k1, nt, v):
@@ -786,22 +845,74 @@ def _vf_row_buffers(batch, k1, nt, v):
             scratch("vf_alist", 16 * batch * k1 * _VF_ACAP), scratch("vf_acnt", 4 * batch * k1))
 
 
-def _vf_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
-    """One launch of dc_vfused (plan: CupyBackend._vf_plan); every array a pointer."""
+def _vf_args(plan, t, d, qc, qi, w, kptrs, kfmt32, a, tk, st, k, v, vec32, vec_q32):
+    """dc_vfused's arguments (plan: CupyBackend._vf_plan; pointers)."""
     vt, nt32, acap, pre, kern, grid, block, _, ptrs = plan
     tpart, rchunk, alist, acnt, cnt = ptrs
-    kern.launch(grid, block, (
-        t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
-        alist, acnt, acap, a, tk, st, cnt, vt, pre, *_vf_vec_flags(t, qc, qi, v)))
+    return (t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, kfmt32, tpart, rchunk,
+            alist, acnt, acap, a, tk, st, cnt, vt, pre, vec32, vec_q32)
+
+
+def _vone_args(plan, t, d, qc, qi, w, kptrs, kfmt32, a, tk, st, k, v, vec32, vec_q32):
+    """dc_vone's arguments (plan: CupyBackend._vone_plan; pointers)."""
+    vt, nt32, acap, kern, grid, block, _, ptrs = plan
+    tpart, rchunk, alist, acnt, cnt, tz = ptrs
+    return (t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, kfmt32, tpart, rchunk,
+            alist, acnt, acap, a, tk, st, cnt, tz, vt, vec32, vec_q32)
+
+
+def _vf_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
+    """One launch of dc_vfused (plan: CupyBackend._vf_plan); every array a pointer."""
+    vec, vec_q = _vf_vec(int(t), int(qc), int(qi), v)
+    plan[4].launch(plan[5], plan[6], _vf_args(plan, t, d, qc, qi, w, kptrs, _I32[kfmt], a, tk,
+                                              st, k, v, _I32[vec], _I32[vec_q]))
 
 
 def _vone_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
     """One launch of dc_vone (plan: CupyBackend._vone_plan); every array a pointer."""
-    vt, nt32, acap, kern, grid, block, _, ptrs = plan
-    tpart, rchunk, alist, acnt, cnt, tz = ptrs
-    kern.launch(grid, block, (
-        t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, _I32[kfmt], tpart, rchunk,
-        alist, acnt, acap, a, tk, st, cnt, tz, vt, *_vf_vec_flags(t, qc, qi, v)))
+    vec, vec_q = _vf_vec(int(t), int(qc), int(qi), v)
+    plan[3].launch(plan[4], plan[5], _vone_args(plan, t, d, qc, qi, w, kptrs, _I32[kfmt], a,
+                                                tk, st, k, v, _I32[vec], _I32[vec_q]))
+
+
+# the fast path's per-call words of verify, dense allocate and draw (besides _VKEYS, _VKFMT)
+_VT, _VD, _VQC, _VQI, _VG = (_VAR(n) for n in ("t", "d", "qc", "qi", "g"))
+_VA, _VTK, _VST = _VAR("a"), _VAR("tk"), _VAR("st")
+_VCNT, _VCVEC, _VIDS = _VAR("counts"), _VAR("cvec", np.int32), _VAR("ids")
+
+
+def _verify_fast(kernel, grid, block, args):
+    """``go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec, vec_q)``: one verify launch with
+    the per-call words of ``args`` (_VT ... _VST, _VKEYS, _VKFMT; _VG, _VVEC, _VVECQ where
+    the kernel has them) written, through launch.Bound."""
+    b = _launch.Bound(kernel, grid, block, args)
+    p = b.pos
+    it, id_, iqc, iqi, ikf, ia, itk, ist = (p[n] for n in ("t", "d", "qc", "qi", "kfmt", "a",
+                                                         "tk", "st"))
+    k0, k1, k2, k3 = (p[a.name] for a in _VKEYS)
+    ig, iv, ivq = p.get("g"), p.get("vec"), p.get("vec_q")
+
+    def go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec, vec_q):
+        s = b.take()
+        w = s.w
+        w[it] = t
+        w[id_] = d
+        w[iqc] = qc
+        w[iqi] = qi
+        w[k0], w[k1], w[k2], w[k3] = kptrs
+        w[ikf] = kfmt
+        w[ia] = a
+        w[itk] = tk
+        w[ist] = st
+        if ig is not None:
+            w[ig] = g
+        if iv is not None:
+            w[iv] = vec
+        if ivq is not None:
+            w[ivq] = vec_q
+        b.launch(s)
+
+    return go
 
 
 class _Launcher:
@@ -979,12 +1090,8 @@ class CupyBackend:
             dev = _device_id()
             plan = self._da_plan(batch, v, dev)
             head, tail = _common_parts(code, logits, False, v)
-
-            def run_dense(x_ptr, temp_ptr, counts, ids, status):
-                _da_run(plan, (x_ptr, *head, temp_ptr, *tail), v, policy, False, _NO_KEYS, 0,
-                        counts, status, _NULL)
-
-            return _Launcher(run_dense, ("dense_da", dev, batch, v), plan)
+            return _Launcher(_da_fast(plan, head, tail, policy, int(code), v),
+                             ("dense_da", dev, batch, v), plan)
         made = self._topk_launcher(batch, v, code, top_k, policy, logits, False)
         if made is None:
             return None
@@ -1004,11 +1111,21 @@ class CupyBackend:
         plan = _PLANS.get(key)
         if plan is None:
             plan = _PLANS[key] = (_kernel("dc_draw"),)
-        kern, w32, grid = plan[0], _I32[w], (batch, 1, 1)
+        b = _launch.Bound(plan[0], (batch,), (256,),
+                          _draw_args(_VCNT, _VIDS, _I32[w], _VKEYS, _VKFMT, _VTK))
+        p = b.pos
+        ic, ii, ikf, itk = p["counts"], p["ids"], p["kfmt"], p["tk"]
+        k0, k1, k2, k3 = (p[a.name] for a in _VKEYS)
 
         def run(counts, ids, kptrs, kfmt, tokens):
-            kern.launch(grid, (256, 1, 1), (counts, _NULL if ids is None else ids, w32, *kptrs,
-                                             _I32[kfmt], tokens))
+            s = b.take()
+            w = s.w
+            w[ic] = counts
+            w[ii] = 0 if ids is None else ids
+            w[k0], w[k1], w[k2], w[k3] = kptrs
+            w[ikf] = kfmt
+            w[itk] = tokens
+            b.launch(s)
 
         return _Launcher(run, key, plan)
 
@@ -1188,10 +1305,13 @@ class CupyBackend:
                 return None
             dev = _device_id()
             plan = self._vf_plan(batch, k1, v, dev)
+            go = _verify_fast(plan[4], plan[5], plan[6], _vf_args(
+                plan, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
+                _VVECQ))
 
             def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
-                _vf_run(plan, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi,
-                        w, kptrs, kfmt, a, tk, st, k, v)
+                qc, qi = qc or 0, qi or 0
+                go(t, d, qc, qi, 0, kptrs, kfmt, a, tk, st, *_vf_vec(t, qc, qi, v))
 
             return _Launcher(run, ("verify_lazy_fused", dev, batch, k1, v), plan)
         if _VERIFY_MODE in ("split", "old"):
@@ -1199,16 +1319,28 @@ class CupyBackend:
         dev = _device_id()
         one = self._vone_plan(batch, k1, v, dev)
         if one:
+            go = _verify_fast(one[3], one[4], one[5], _vone_args(
+                one, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
+                _VVECQ))
+
             def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
-                _vone_run(one, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi,
-                          w, kptrs, kfmt, a, tk, st, k, v)
+                qc, qi = qc or 0, qi or 0
+                go(t, d, qc, qi, 0, kptrs, kfmt, a, tk, st, *_vf_vec(t, qc, qi, v))
 
             return _Launcher(run, ("verify_one", dev, batch, k1, v), one)
         plan = self._v12_plan(batch, k1, v)
+        a1, a2 = _v12_args(plan, _VT, _VD, _VQC, _VQI, w, _VG, batch, k, v, _VKEYS, _VKFMT,
+                           _VA, _VTK, _VST, _VVEC, _VVECQ)
+        go1 = _verify_fast(plan[4], plan[5], plan[6], a1)
+        go2 = _verify_fast(plan[9], plan[10], plan[6], a2)
 
         def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
-            _v12_run(plan, t, d, _NULL if qc is None else qc, _NULL if qi is None else qi, w,
-                     g, batch, k, v, kptrs, kfmt, a, tk, st)
+            qc, qi = qc or 0, qi or 0
+            vec_t, vec_q = _v12_vec(t, qc, qi, v)
+            if _STAGE_ONLY != 2:
+                go1(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q)
+            if _STAGE_ONLY != 1:
+                go2(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q)
 
         return _Launcher(run, ("verify", _device_id(), batch, k1, v), plan)
 
