@@ -264,36 +264,37 @@ class FastVerify:
     """One verify configuration: fp32 target [B, k+1, V] on one device, q None or of
     one width and kind, no greedy rows."""
 
-    __slots__ = ("launcher", "backend", "b", "k", "v", "specs", "lazy")
+    __slots__ = ("launcher", "backend", "b", "k", "v", "specs", "lazy", "bk", "qshape", "g")
 
-    def __init__(self, launcher, backend, b, k, v, specs, lazy):
+    def __init__(self, launcher, backend, b, k, v, w, specs, lazy):
         self.launcher, self.backend, self.b, self.k, self.v = launcher, backend, b, k, v
         self.specs, self.lazy = specs, lazy
+        self.bk, self.qshape = (b, k), (b, k, w)
+        self.g = None  # check=False: the pointer of _device's cached zero greedy flags
 
     def __call__(self, target, draft, q, keys, out):
         if not target.is_contiguous() or not self.launcher.valid():
             return None
         torch = _dev._TORCH
         didx = target.get_device()
-        bk = (self.b, self.k)
         on = _dev._on
-        if not on(draft, didx, torch) or draft.dtype != torch.int32 or draft.shape != bk:
+        if not on(draft, didx, torch) or draft.dtype != torch.int32 or draft.shape != self.bk:
             return None
         qc = qi = None
-        if q is not None:
+        if q is not None:  # the key fixed q's width: its shape is (B, k, width)
             qc, qi = q._counts, q._ids
-            if (q._vocab_size != self.v or qc.shape[:-1] != bk or not on(qc, didx, torch)
+            if (q._vocab_size != self.v or qc.shape != self.qshape or not on(qc, didx, torch)
                     or (qi is not None and not on(qi, didx, torch))):
                 return None
             qc = qc.data_ptr()
             qi = None if qi is None else qi.data_ptr()
         dev = target.device
-        g = None
-        if not self.lazy:
+        g = self.g
+        if g is None and not self.lazy:  # _ZEROS_U8's tensors are never dropped
             g = _dev._ZEROS_U8.get((dev, self.b))
             if g is None:
                 return None
-            g = g.data_ptr()
+            g = self.g = g.data_ptr()
         k = device_keys(keys, self.b)
         if k is None:
             return None
@@ -324,4 +325,4 @@ def remember_verify(key, be, backend, b, k1, v, q, lazy, specs):
     launcher for this configuration; called inside the call's device context."""
     w = 0 if q is None else int(q._counts.shape[-1])
     _store(_VERIFY, key, be, "verify_launcher", (b, k1, v, w, lazy),
-           lambda lk: FastVerify(lk, backend, b, k1 - 1, v, specs, lazy))
+           lambda lk: FastVerify(lk, backend, b, k1 - 1, v, w, specs, lazy))
