@@ -41,6 +41,14 @@ def graph_time(fn, reps=200):
     return per_replay, statistics.median(h["times"]) * 1e6, h["held"]
 
 
+def put_host(r, name, fn):
+    """r["eager_host_" + name + "_us"] = eager_host(fn); errors as text."""
+    try:
+        r["eager_host_" + name + "_us"] = round(eager_host(fn), 1)
+    except Exception as e:  # noqa: BLE001
+        r["eager_host_" + name + "_us"] = f"error: {type(e).__name__}: {e}"[:120]
+
+
 def put(r, name, fn):
     """r[name] = per-replay median, r[name@dev] = device median (us); errors as text."""
     try:
@@ -130,10 +138,18 @@ def cases(B, g, dev="cuda"):
     ver_lazy = lambda: dyadic.verify(p, draft, qdy, keys, backend="cuda", check="lazy", out=vout)
     ver_sp_lazy = lambda: dyadic.verify(p, dsp, qsp, keys, backend="cuda", check="lazy",
                                         out=vout)
+    aout = {"counts": torch.empty(B, 32, dtype=torch.uint32, device=dev),
+            "ids": torch.empty(B, 32, dtype=torch.int32, device=dev),
+            "status": torch.empty(B, dtype=torch.int32, device=dev)}
+    alloc_top = lambda: dyadic.allocate(pr32, top_k=32, backend="cuda", check=False, out=aout)
+    q32 = dyadic.allocate(pr32, top_k=32, backend="cuda")
+    dout = {"tokens": torch.empty(B, dtype=torch.int32, device=dev)}
+    draw = lambda: dyadic.draw(q32, keys, backend="cuda", check=False, out=dout)
     return {"propose_top32_bf16": prop, "torch_top32_proposal": torch_prop,
             "verify_k5_dense": ver, "verify_k5_top32": ver_sp,
             "verify_k5_dense_lazy": ver_lazy, "verify_k5_top32_lazy": ver_sp_lazy,
-            "torch_verify_k5_dense": torch_ver, "allocate_dense_f32": alloc}
+            "torch_verify_k5_dense": torch_ver, "allocate_dense_f32": alloc,
+            "allocate_top32_f32": alloc_top, "draw_top32": draw}
 
 
 def main():
@@ -168,12 +184,15 @@ def main():
                     put(r, name, fn)
         r["verify_floor_us"] = round(B * (k + 1) * V * 4 / 4.2e12 * 1e6, 1)
         r["alloc_floor_us"] = round(B * V * 8 / 4.2e12 * 1e6, 1)
-        r["eager_host_propose_us"] = round(eager_host(prop), 1)
-        r["eager_host_verify_us"] = round(eager_host(ver), 1)
+        put_host(r, "propose", prop)
+        put_host(r, "verify", ver)
         if hasattr(_cb, "_VONE_MODE"):  # the same call on the two launches (dc_v1 + dc_v2)
             with switched(_cb, {"_VONE_MODE": "0"}):
-                r["eager_host_verify_V12_us"] = round(eager_host(ver), 1)
-        r["eager_host_verify_lazy_us"] = round(eager_host(ver_lazy), 1)
+                put_host(r, "verify_V12", ver)
+        put_host(r, "verify_lazy", ver_lazy)
+        put_host(r, "allocate_dense", alloc)
+        put_host(r, "allocate_top32", cs["allocate_top32_f32"])
+        put_host(r, "draw", cs["draw_top32"])
         if B == 1:  # where the host time of an eager propose goes
             import cProfile
             import io
