@@ -776,26 +776,21 @@ def _da_fast(plan, head, tail, policy, code, v):
     ix, it, iv = (bounds[0].pos[n] for n in ("x", "temp", "vec"))  # the same in all four
     pm = bounds[3].pos
     ic, icv, ist = pm["counts"], pm["cvec"], pm["st"]
-    first3, mark = bounds[:3], bounds[3]
+    mark = bounds[3]
 
     def run(x_ptr, temp_ptr, counts, ids, status):
         vec, cvec = _da_vec(code, x_ptr, v, counts)
-        for b in first3:
+        for b in bounds:
             s = b.take()
             w = s.w
             w[ix] = x_ptr
             w[it] = temp_ptr
             w[iv] = vec
+            if b is mark:  # da2_mark writes the counts and the status
+                w[ic] = counts
+                w[icv] = cvec
+                w[ist] = status
             b.launch(s)
-        s = mark.take()
-        w = s.w
-        w[ix] = x_ptr
-        w[it] = temp_ptr
-        w[iv] = vec
-        w[ic] = counts
-        w[icv] = cvec
-        w[ist] = status
-        mark.launch(s)
 
     return run
 
