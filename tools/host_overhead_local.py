@@ -236,6 +236,7 @@ def make_inputs(torch, dyadic, B, seed=0):
                  "status": e(B)}
     d["vout"] = {"accepted": e(B), "tokens": e(B, K + 1), "status": e(B)}
     d["aout"] = {"counts": e(B, 32, dt=torch.uint32), "ids": e(B, 32), "status": e(B)}
+    d["dense_out"] = {"counts": e(B, V, dt=torch.uint32), "status": e(B)}
     d["dout"] = {"tokens": e(B)}
     return d
 
@@ -254,6 +255,8 @@ def timed_cases(dyadic, d):
             out=d["vout"]),
         "allocate_top32": lambda: dyadic.allocate(
             d["probs"], top_k=32, backend="cuda", check=False, out=d["aout"]),
+        "allocate_dense": lambda: dyadic.allocate(
+            d["probs"], backend="cuda", check=False, out=d["dense_out"]),
         "draw_sparse": lambda: dyadic.draw(d["q1"], d["keys"], backend="cuda", check=False,
                                            out=d["dout"]),
     }
