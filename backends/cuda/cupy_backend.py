@@ -263,6 +263,10 @@ def module(dev=None):
 # The stream is CuPy's current stream (dyadic._device makes it the caller's torch stream).
 # DYADIC_CUDA_LAUNCH=cupy, or a libcuda that cannot be loaded: CuPy's launch.
 # ``_kernel(name)(grid, block, args)`` takes np.int32 / np.uint64 / cupy.ndarray args.
+# The launchers of the repeat-call fast path (propose_launcher, allocate_launcher,
+# draw_launcher, verify_launcher) hold launch.Bound objects instead: the fixed words are
+# packed once per slot set and a call writes only its per-call words (launch.Var), with
+# the argument order from the same functions as the full path (_pk_args, _vone_args, ...).
 try:
     from . import launch as _launch
 except ImportError:  # loaded outside the package
