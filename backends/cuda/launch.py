@@ -391,5 +391,5 @@ class Bound:
         k._go(lib, self.grid3, self.block3, slots, stream, self._free)
 
 
-__all__ = ["Bound", "Kernel", "Var", "MODE", "active", "configure", "describe", "fill", "load", "set_driver",
-           "slot_value"]
+__all__ = ["Bound", "Kernel", "MODE", "Var", "active", "configure", "describe", "fill", "load",
+           "set_driver", "slot_value"]
