@@ -99,7 +99,12 @@ def _launch(backend, dev, run, *args):
 def _store(table, key, be, maker, args, entry):
     """``table[key] = entry(launcher)`` where the backend's ``maker(*args)`` gives a
     launcher for the configuration (None: the full path takes a route the fast path does
-    not cover); the table is cleared when it holds ``_MAX`` entries."""
+    not cover); the table is cleared when it holds ``_MAX`` entries.  A valid entry for
+    ``key`` is kept as it is: a call that the fast path declined (host keys, say) and the
+    full path served does not rebuild the launcher on every call."""
+    old = table.get(key)
+    if old is not None and old.launcher.valid():
+        return
     make = getattr(be, maker, None)
     launcher = None if make is None else make(*args)
     if launcher is None:

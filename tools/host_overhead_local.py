@@ -237,6 +237,8 @@ def make_inputs(torch, dyadic, B, seed=0):
     d["vout"] = {"accepted": e(B), "tokens": e(B, K + 1), "status": e(B)}
     d["aout"] = {"counts": e(B, 32, dt=torch.uint32), "ids": e(B, 32), "status": e(B)}
     d["dense_out"] = {"counts": e(B, V, dt=torch.uint32), "status": e(B)}
+    d["host_keys"] = dyadic.Keys(seed=7, position=3)
+    d["greedy"] = torch.zeros(B, dtype=torch.bool)
     d["dout"] = {"tokens": e(B)}
     return d
 
@@ -259,6 +261,13 @@ def timed_cases(dyadic, d):
             d["probs"], backend="cuda", check=False, out=d["dense_out"]),
         "draw_sparse": lambda: dyadic.draw(d["q1"], d["keys"], backend="cuda", check=False,
                                            out=d["dout"]),
+        # calls the fast path declines: the full path (host keys uploaded; greedy flags)
+        "propose_host_keys": lambda: dyadic.propose(
+            d["logits"], d["host_keys"], top_k=32, temperature=0.7, backend="cuda",
+            check=False, out=d["pout"]),
+        "verify_greedy": lambda: dyadic.verify(
+            d["p"], d["draft"], d["qdy"], d["keys"], greedy=d["greedy"], backend="cuda",
+            check=False, out=d["vout"]),
     }
 
 
