@@ -470,10 +470,11 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     if lazy:
         check = False
     fkey = None
-    if not check and greedy is None and type(target) is torch.Tensor:  # repeat calls: _fast
-        fkey = (_FAST or _fast()).verify_key(target, q, backend, lazy)
+    if (not check and type(target) is torch.Tensor
+            and (greedy is None or type(greedy) is torch.Tensor)):  # repeat calls: _fast
+        fkey = (_FAST or _fast()).verify_key(target, q, backend, lazy, greedy is not None)
         if fkey is not None:
-            r = _FAST.verify(fkey, target, draft, q, keys, out)
+            r = _FAST.verify(fkey, target, draft, q, keys, out, greedy)
             if r is not None:
                 return r
     be = _backend.get(backend)
@@ -535,7 +536,9 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
             raise TypeError(f"greedy: dtype {_arrays.dtype_name(g)} is not bool")
         if tuple(g.shape) != (b,):
             raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
-        g = g.to(torch.uint8)
+        # the kernels read one byte per request and test it against 0: a bool tensor's
+        # bytes as they are (no conversion, no launch)
+        g = g.contiguous().view(torch.uint8)
     keys_b = _keys(keys, b, dev, check, extra=k1 - 1)
     specs = (("accepted", (b,), torch.int32), ("tokens", (b, k1), torch.int32),
              ("status", (b,), torch.int32))
@@ -551,7 +554,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
                 be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
             if fkey is not None and t is target:  # in the target's device context
                 _FAST.remember_verify(fkey, be, backend, b, k1, v, q,
-                                      lazy and hasattr(be, "verify_lazy"), specs)
+                                      lazy and hasattr(be, "verify_lazy"), specs,
+                                      greedy is not None)
         finally:
             if tok is not None:
                 _leave(tok)

@@ -15,8 +15,9 @@ How it stays the same call:
   compares the launches of two trees).
 - Everything the full path would decide per call and the key does not fix is
   checked here: input contiguity, the key fields (contiguous int32 / int64 /
-  uint32 / uint64 CUDA tensors of shape (B,) or (1,)), draft and q on the
-  target's device, contiguous, with the shapes and width of the entry (draw: q's
+  uint32 / uint64 CUDA tensors of shape (B,) or (1,)), draft, q and the greedy
+  flags (a bool tensor of shape (B,)) on the target's device, contiguous, with the
+  shapes and width of the entry (draw: q's
   ids on its counts' device, contiguous, of its shape and int32).  When
   any of these does not hold, the call returns None and the caller takes the
   full path, which converts or raises exactly as it always did.
@@ -28,7 +29,8 @@ How it stays the same call:
 Keys: propose (backend, logits shape, dtype, device, temperature, top_k,
 policy) with a Python float / int temperature; allocate (the same with logits,
 top_k an int or None, no bias); draw (backend, q's counts shape, dtype and device, sparse);
-verify (backend, lazy, target shape, dtype, device, q width and sparse, or None).
+verify (backend, lazy, target shape, dtype, device, q width and sparse, or None,
+whether greedy flags are given).
 At most ``_MAX`` entries per primitive (cleared when full).
 """
 
@@ -267,17 +269,18 @@ def remember_draw(key, be, backend, shape, sparse, specs):
 
 class FastVerify:
     """One verify configuration: fp32 target [B, k+1, V] on one device, q None or of
-    one width and kind, no greedy rows."""
+    one width and kind, no greedy flags or a bool tensor of them (``greedy``)."""
 
-    __slots__ = ("launcher", "backend", "b", "k", "v", "specs", "lazy", "bk", "qshape", "g")
+    __slots__ = ("launcher", "backend", "b", "k", "v", "specs", "lazy", "bk", "qshape", "g",
+                 "greedy", "gshape")
 
-    def __init__(self, launcher, backend, b, k, v, w, specs, lazy):
+    def __init__(self, launcher, backend, b, k, v, w, specs, lazy, greedy):
         self.launcher, self.backend, self.b, self.k, self.v = launcher, backend, b, k, v
-        self.specs, self.lazy = specs, lazy
-        self.bk, self.qshape = (b, k), (b, k, w)
+        self.specs, self.lazy, self.greedy = specs, lazy, greedy
+        self.bk, self.qshape, self.gshape = (b, k), (b, k, w), (b,)
         self.g = None  # check=False: the pointer of _device's cached zero greedy flags
 
-    def __call__(self, target, draft, q, keys, out):
+    def __call__(self, target, draft, q, keys, out, greedy):
         if not target.is_contiguous() or not self.launcher.valid():
             return None
         torch = _dev._TORCH
@@ -294,12 +297,18 @@ class FastVerify:
             qc = qc.data_ptr()
             qi = None if qi is None else qi.data_ptr()
         dev = target.device
-        g = self.g
-        if g is None and not self.lazy:  # _ZEROS_U8's tensors are never dropped
-            g = _dev._ZEROS_U8.get((dev, self.b))
-            if g is None:
+        if self.greedy:  # a contiguous bool tensor (B,) on the target's device: its bytes
+            if (not on(greedy, didx, torch) or greedy.dtype != torch.bool
+                    or greedy.shape != self.gshape):
                 return None
-            g = self.g = g.data_ptr()
+            g = greedy.data_ptr()
+        else:
+            g = self.g
+            if g is None and not self.lazy:  # _ZEROS_U8's tensors are never dropped
+                g = _dev._ZEROS_U8.get((dev, self.b))
+                if g is None:
+                    return None
+                g = self.g = g.data_ptr()
         k = device_keys(keys, self.b)
         if k is None:
             return None
@@ -309,25 +318,29 @@ class FastVerify:
         return trusted_verdict(accepted, tokens, status)
 
 
-def verify_key(target, q, backend, lazy):
-    """The cache key of a verify call (greedy None, check False / "lazy"), or None."""
+def verify_key(target, q, backend, lazy, greedy=False):
+    """The cache key of a verify call (check False / "lazy"; ``greedy``: a tensor of greedy
+    flags given), or None."""
     if q is None:
         qk = None
     elif type(q) is Dyadic and type(q._counts) is _dev._TORCH.Tensor:
         qk = (q._counts.shape[-1], q._ids is not None)
     else:
         return None
-    return (backend, lazy, target.shape, target.dtype, target.device, qk)
+    return (backend, lazy, target.shape, target.dtype, target.device, qk, greedy)
 
 
-def verify(key, target, draft, q, keys, out):
+def verify(key, target, draft, q, keys, out, greedy=None):
     fv = _VERIFY.get(key)
-    return None if fv is None else fv(target, draft, q, keys, out)
+    return None if fv is None else fv(target, draft, q, keys, out, greedy)
 
 
-def remember_verify(key, be, backend, b, k1, v, q, lazy, specs):
+def remember_verify(key, be, backend, b, k1, v, q, lazy, specs, greedy=False):
     """After a successful full-path verify: an entry for ``key`` where the backend has a
-    launcher for this configuration; called inside the call's device context."""
+    launcher for this configuration (``greedy``: greedy flags given, which the full path
+    sends to the two-launch kernels even with check="lazy"); called inside the call's
+    device context."""
     w = 0 if q is None else int(q._counts.shape[-1])
-    _store(_VERIFY, key, be, "verify_launcher", (b, k1, v, w, lazy),
-           lambda lk: FastVerify(lk, backend, b, k1 - 1, v, w, specs, lazy))
+    _store(_VERIFY, key, be, "verify_launcher", (b, k1, v, w, lazy and not greedy, greedy),
+           lambda lk: FastVerify(lk, backend, b, k1 - 1, v, w, specs, lazy and not greedy,
+                                 greedy))

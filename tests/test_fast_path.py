@@ -7,10 +7,11 @@ driver: launches are recorded, not run; CPU torch tensors pass as CUDA tensors):
   cases) made twice gives the same result or error and the same launches both
   times: the second call of a cached configuration takes the fast path;
 - with the full path's argument handling replaced by functions that fail, a
-  repeated propose / verify / allocate (top-k and dense) / draw still succeeds with the same
-  launches (it never reached them), while a call the fast path does not serve
-  (host keys, a non-contiguous input, a new temperature, top_k or policy,
-  check=True, a cleared backend plan) reaches them;
+  repeated propose / verify (with and without greedy flags) / allocate (top-k and dense) /
+  draw still succeeds with the same launches (it never reached them), while a call the
+  fast path does not serve (host keys, a non-contiguous input, a new temperature, top_k
+  or policy, check=True, greedy flags that are not a bool tensor of shape (B,), a cleared
+  backend plan) reaches them;
 - entries are made while the call's device context is entered (the backend's
   plans are per device).
 """
@@ -57,6 +58,7 @@ _SCRIPT = textwrap.dedent("""
     torch.empty = h.recording_empty(torch, made)
     d = h.make_inputs(torch, dyadic, 4)
     kd = d["keys"]
+    greedy = torch.tensor([True, False, True, False])
 
     def calls():
         return {
@@ -73,6 +75,11 @@ _SCRIPT = textwrap.dedent("""
                                                 check=False),
             "lazy": lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd, backend="cuda",
                                           check="lazy", out=d["vout"]),
+            "verify_greedy": lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
+                                                   greedy=greedy, backend="cuda",
+                                                   check=False, out=d["vout"]),
+            "lazy_greedy": lambda: dyadic.verify(d["p"], d["draft"], d["qsp"], kd,
+                                                 greedy=greedy, backend="cuda", check="lazy"),
             "allocate": lambda: dyadic.allocate(d["probs"], top_k=32, backend="cuda",
                                                 check=False, out=d["aout"]),
             "allocate_logits": lambda: dyadic.allocate(d["logits"], logits=True, top_k=32,
@@ -115,6 +122,15 @@ _SCRIPT = textwrap.dedent("""
                                                 backend="cuda", check=False)),
             ("checked", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
                                               backend="cuda", check=True)),
+            ("greedy_u8", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
+                                                greedy=greedy.to(torch.uint8), backend="cuda",
+                                                check=False, out=d["vout"])),
+            ("greedy_shape", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
+                                                   greedy=greedy[:3], backend="cuda",
+                                                   check=False, out=d["vout"])),
+            ("greedy_list", lambda: dyadic.verify(d["p"], d["draft"], d["qdy"], kd,
+                                                  greedy=[True] * 4, backend="cuda",
+                                                  check=False, out=d["vout"])),
             ("alloc_new_policy", lambda: dyadic.allocate(d["probs"], policy="floor-first",
                                                          backend="cuda", check=False)),
             ("alloc_new_k", lambda: dyadic.allocate(d["probs"], top_k=16, backend="cuda",
@@ -129,6 +145,8 @@ _SCRIPT = textwrap.dedent("""
             served[label] = "fast"
         except AssertionError:
             served[label] = "full"
+        except (TypeError, ValueError) as e:  # the full path's own error, before the fakes
+            served[label] = type(e).__name__
     out["fallback"] = served
     print(json.dumps(out))
 """)
@@ -138,12 +156,14 @@ def test_fast_path_taken_and_falls_back():
     r = _run(["-c", _SCRIPT])
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["entries"] == [1, 4, 3, 1]
+    assert out["entries"] == [1, 6, 3, 1]
     for name in ("propose", "propose_out", "verify", "verify_sparse", "verify_noq", "lazy",
-                 "allocate", "allocate_logits", "allocate_dense", "draw", "draw_noout"):
+                 "verify_greedy", "lazy_greedy", "allocate", "allocate_logits",
+                 "allocate_dense", "draw", "draw_noout"):
         assert out[name] is True, (name, out[name])
     assert out["fallback"] == {
         "host_keys": "full", "noncontig": "full", "new_temp": "full", "checked": "full",
+        "greedy_u8": "TypeError", "greedy_shape": "ValueError", "greedy_list": "full",
         "alloc_new_policy": "full", "alloc_new_k": "full", "draw_checked": "full",
         "draw_host_keys": "full", "plans_cleared": "full", "draw_plans_cleared": "full"}
 
@@ -193,3 +213,33 @@ def test_entries_made_in_the_device_context():
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen == [["propose_launcher", 1], ["verify_launcher", 1], ["verify_launcher", 1],
                     ["allocate_launcher", 1], ["draw_launcher", 1]]
+
+
+_GREEDY_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, "tools")
+    import host_overhead_local as h
+    trace = []
+    dyadic, torch = h.install(os.getcwd(), trace)
+    d = h.make_inputs(torch, dyadic, 4)
+    greedy = torch.tensor([True, False, False, True])
+    words = []
+    for check in (False, False, "lazy", "lazy"):  # full path, then the fast path
+        del trace[:]
+        dyadic.verify(d["p"], d["draft"], d["qdy"], d["keys"], greedy=greedy,
+                      backend="cuda", check=check, out=d["vout"])
+        words.append([[t["kernel"], t["words"][5] if t["kernel"] == "dc_v1" else None]
+                      for t in trace])
+    print(json.dumps({"words": words, "g": greedy.data_ptr()}))
+""")
+
+
+def test_greedy_flags_reach_the_kernel_as_they_are():
+    """A bool greedy tensor's own bytes are dc_v1's greedy argument (no uint8 copy, no
+    conversion launch), on the full path and the fast path, with check=False and "lazy"
+    (which takes the two launches when greedy flags are given)."""
+    r = _run(["-c", _GREEDY_SCRIPT])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for launches in out["words"]:
+        assert launches == [["dc_v1", out["g"]], ["dc_v2", None]], launches

@@ -1289,17 +1289,18 @@ class CupyBackend:
             _PLANS[pk] = plan
         return plan
 
-    def verify_launcher(self, batch, k1, v, w, lazy):
+    def verify_launcher(self, batch, k1, v, w, lazy, greedy=False):
         """A launcher for eager verify calls shaped like this one (target [B, k+1, V], q of
-        width ``w``; greedy None), with ``check=False`` (dc_vone where _vone_tile takes it,
-        else dc_v1 + dc_v2) or ``"lazy"`` (dc_vfused): ``launcher.run(t, d, qc, qi, g, kptrs,
-        kfmt, a, tk, st)`` (pointers, None for an absent q field; ``g`` unused by dc_vone and
-        the lazy kernel) makes the launches the full path makes; None where the full path
-        takes another route (A/B switches, V beyond the fused kernel)."""
+        width ``w``), with ``check=False`` (dc_vone where _vone_tile takes it, else dc_v1 +
+        dc_v2) or ``"lazy"`` (dc_vfused); with greedy flags (``greedy``) always dc_v1 +
+        dc_v2, as ``verify``: ``launcher.run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st)``
+        (pointers, None for an absent q field; ``g``, the greedy flags' bytes, unused by
+        dc_vone and the lazy kernel) makes the launches the full path makes; None where the
+        full path takes another route (A/B switches, V beyond the fused kernel)."""
         k = k1 - 1
         if k > _MAX_K_VERIFY:
             return None
-        if lazy:
+        if lazy and not greedy:
             if _LAZY_MODE != "fused" or v > _VF_MAXV:
                 return None
             dev = _device_id()
@@ -1316,7 +1317,7 @@ class CupyBackend:
         if _VERIFY_MODE in ("split", "old"):
             return None
         dev = _device_id()
-        one = self._vone_plan(batch, k1, v, dev)
+        one = not greedy and self._vone_plan(batch, k1, v, dev)
         if one:
             go = _verify_fast(one[3], one[4], one[5], _vone_args(
                 one, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
