@@ -1,7 +1,8 @@
 """backends/cuda/cupy_backend without a GPU: the depth limit of the cuda verify kernels is
 refused with its message before anything touches the device (_verify_setup), the lazy
-verify's choice of kernel by grid size (_vf_kernel) and where verify without greedy
-requests takes one launch (_vone_tile)."""
+verify's choice of kernel by grid size (_vf_kernel), where verify without greedy
+requests takes one launch (_vone_tile) and how host key fields are packed for their one
+upload (_keys)."""
 
 import numpy as np
 import pytest
@@ -75,3 +76,26 @@ def test_one_launch_verify_by_grid(batch, k1, v, vt, monkeypatch):
     monkeypatch.setattr(cupy_backend, "_VONE_MODE", "1")
     forced = 0 if k1 > 8 or v > cupy_backend._VF_MAXV else cupy_backend._vf_tile(v, batch, 132)
     assert cupy_backend._vone_tile(v, batch, k1, 132) == forced
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_host_keys_packed_in_one_upload(batch):
+    """Host key fields (NumPy, as Keys.broadcast gives them, or of length 1) go up as one
+    [4, B] uint64 array: row j is field j cast to uint64 and broadcast; the pointers are its
+    rows and the format says four 8-byte fields of length B."""
+    seen = []
+
+    def call(a):
+        seen.append(a.copy())
+        return 0x10000
+
+    fields = (np.array([2**64 - 1] * batch, dtype=np.uint64)[:batch],
+              (np.arange(batch) + 2**32 - batch).astype(np.uint32),
+              np.array([7], dtype=np.uint32), np.arange(batch, dtype=np.int64))
+    ptrs, fmt = cupy_backend._keys(call, *fields, batch)
+    (packed,) = seen
+    assert packed.dtype == np.uint64 and packed.shape == (4, batch)
+    for row, f in zip(packed, fields):
+        assert row.tolist() == np.broadcast_to(f.astype(np.uint64), (batch,)).tolist()
+    assert [int(p) for p in ptrs] == [0x10000 + 8 * batch * j for j in range(4)]
+    assert fmt == 0b01010101
