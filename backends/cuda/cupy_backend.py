@@ -875,6 +875,17 @@ def _vone_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
                                                 tk, st, k, v, _I32[vec], _I32[vec_q]))
 
 
+def _one_launch_run(go, v):
+    """The fast launcher's ``run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st)`` of dc_vfused and
+    dc_vone (``go``: _verify_fast's): absent q fields as null words, no greedy word, their
+    16-byte-load flags (_vf_vec)."""
+    def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+        qc, qi = qc or 0, qi or 0
+        go(t, d, qc, qi, 0, kptrs, kfmt, a, tk, st, *_vf_vec(t, qc, qi, v))
+
+    return run
+
+
 # the fast path's per-call words of verify, dense allocate and draw (besides _VKEYS, _VKFMT)
 _VT, _VD, _VQC, _VQI, _VG = (_VAR(n) for n in ("t", "d", "qc", "qi", "g"))
 _VA, _VTK, _VST = _VAR("a"), _VAR("tk"), _VAR("st")
@@ -1310,11 +1321,8 @@ class CupyBackend:
                 plan, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
                 _VVECQ))
 
-            def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
-                qc, qi = qc or 0, qi or 0
-                go(t, d, qc, qi, 0, kptrs, kfmt, a, tk, st, *_vf_vec(t, qc, qi, v))
-
-            return _Launcher(run, ("verify_lazy_fused", dev, batch, k1, v), plan)
+            return _Launcher(_one_launch_run(go, v), ("verify_lazy_fused", dev, batch, k1, v),
+                             plan)
         if _VERIFY_MODE in ("split", "old"):
             return None
         dev = _device_id()
@@ -1324,11 +1332,7 @@ class CupyBackend:
                 one, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
                 _VVECQ))
 
-            def run(t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
-                qc, qi = qc or 0, qi or 0
-                go(t, d, qc, qi, 0, kptrs, kfmt, a, tk, st, *_vf_vec(t, qc, qi, v))
-
-            return _Launcher(run, ("verify_one", dev, batch, k1, v), one)
+            return _Launcher(_one_launch_run(go, v), ("verify_one", dev, batch, k1, v), one)
         plan = self._v12_plan(batch, k1, v)
         a1, a2 = _v12_args(plan, _VT, _VD, _VQC, _VQI, w, _VG, batch, k, v, _VKEYS, _VKFMT,
                            _VA, _VTK, _VST, _VVEC, _VVECQ)
