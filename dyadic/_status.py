@@ -17,6 +17,8 @@ ALLOC_INCONSISTENT = 5
 TARGET_INVALID_VALUE = 10
 TARGET_SUM = 11
 Q_ZERO_AT_DRAFT = 12
+DRAFT_OUT_OF_RANGE = 13
+Q_INVALID = 14
 # RNG
 RNG_EXHAUSTED = 20
 
@@ -33,6 +35,10 @@ _MESSAGES = {
                            "on floor(p * 2**62))"),
     Q_ZERO_AT_DRAFT: ("q", "q(d) = 0 at a proposed draft token d: the draft could not "
                            "have been sampled from this q"),
+    DRAFT_OUT_OF_RANGE: ("draft", "token ids must be in [0, V) (V: the target's vocabulary)"),
+    Q_INVALID: ("q", "the q row breaks a Dyadic rule (an id outside [0, V) or -1, valid ids "
+                     "not strictly ascending, padding before a valid id or with a count, "
+                     "or counts not summing to 2**24)"),
     RNG_EXHAUSTED: ("keys", "bounded draw exhausted 2**28 draw indices (probability "
                             "< 2**-(2**28)); the key fields are reused or corrupted"),
 }

@@ -90,6 +90,8 @@ typedef long long int64_t;
 #define DY_ST_TARGET_INVALID_VALUE 10
 #define DY_ST_TARGET_SUM 11
 #define DY_ST_Q_ZERO_AT_DRAFT 12
+#define DY_ST_DRAFT_OUT_OF_RANGE 13
+#define DY_ST_Q_INVALID 14
 #define DY_ST_RNG_EXHAUSTED 20
 
 /* Philox4x32 constants (Random123). */
