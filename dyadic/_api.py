@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from . import _arrays, _backend, _spec, _status, _validate
-from ._types import Dyadic, Keys, Verdict
+from ._types import Dyadic, Keys, Verdict, trusted_dyadic
 
 
 def _on_device(backend, x):
@@ -36,21 +36,53 @@ def _gpu():
     return _DEVICE[0]
 
 
-def _alloc_outputs(batch, v, width):
-    counts = np.empty((batch, width if width else v), dtype=np.uint32)
-    ids = np.empty((batch, width), dtype=np.int32) if width else None
-    return counts, ids
+def _host_outputs(out, specs, kind):
+    """The outputs of a host call: [(NumPy array the backend writes, the object returned)]
+    per (name, shape, dtype) spec (None gives (None, None)).
+
+    ``out``: None or a dict of preallocated NumPy arrays / torch CPU tensors, each with
+    exactly the spec's shape and dtype, C-contiguous and writeable; the results are
+    written into them and they are returned.  Unknown names raise ValueError.
+    """
+    if out is not None:
+        if not isinstance(out, dict):
+            raise TypeError(f"out: expected a dict of preallocated outputs, got "
+                            f"{type(out).__name__}")
+        names = {spec[0] for spec in specs if spec is not None}
+        unknown = sorted(set(out) - names)
+        if unknown:
+            raise ValueError(f"out: unknown output(s) {unknown}; this call writes "
+                             f"{sorted(names)}")
+    got = []
+    for spec in specs:
+        if spec is None:
+            got.append((None, None))
+            continue
+        name, shape, dtype = spec
+        given = None if out is None else out.get(name)
+        if given is None:
+            a = np.empty(shape, dtype=dtype)
+            got.append((a, _arrays.output(a, kind)))
+            continue
+        got.append((_arrays.out_view(given, f"out[{name!r}]", shape, dtype), given))
+    return got
 
 
-def _dyadic(counts, ids, batch_shape, v, policy, kind):
+def _dyadic(counts, ids, batch_shape, v, policy):
     shape = tuple(batch_shape) + (counts.shape[-1],)
-    if counts.shape != shape:
+    if tuple(counts.shape) != shape:
         counts = counts.reshape(shape)
         ids = None if ids is None else ids.reshape(shape)
-    if kind != "numpy":
-        counts = _arrays.output(counts, kind)
-        ids = None if ids is None else _arrays.output(ids, kind)
-    return Dyadic(counts, ids, vocab_size=v, policy=policy, _trusted=True)
+    return trusted_dyadic(counts, ids, v, policy)
+
+
+def _fail_closed(status, *outputs):
+    """Rows whose status is non-zero: every output row to its fail-closed value
+    (tokens / ids -1, counts 0, accepted 0)."""
+    bad = np.flatnonzero(status)
+    for a, value in outputs:
+        if a is not None:
+            a[bad] = value
 
 
 def _row_label(batch_shape):
@@ -107,6 +139,8 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     >>> q.counts.tolist()
     [[8388608, 4194304, 4194304]]
     """
+    if check is not True and check is not False:
+        check = _validate.check_mode(check)
     if _on_device(backend, x):  # GPU path (dyadic/_device.py)
         return _gpu().allocate(x, logits=logits, temperature=temperature, bias=bias,
                                top_k=top_k, policy=policy, backend=backend, check=check, out=out)
@@ -123,13 +157,18 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
                              "weights are used as given")
         temp = np.ones(batch, dtype=np.float64)
     width = _validate.top_k(top_k, v)
-    counts, ids = _alloc_outputs(batch, v, width)
-    status = np.zeros(batch, dtype=np.int32)
+    (counts, counts_r), (ids, ids_r), (status, _) = _host_outputs(out, (
+        ("counts", (batch, width or v), np.uint32),
+        ("ids", (batch, width), np.int32) if width else None,
+        ("status", (batch,), np.int32)), kind)
+    status[...] = 0
     if batch:
         be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
     if status.any():
-        _status.raise_for_status(status, _row_label(batch_shape))
-    return _dyadic(counts, ids, batch_shape, v, policy, kind)
+        if check:
+            _status.raise_for_status(status, _row_label(batch_shape))
+        _fail_closed(status, (counts, 0), (ids, _spec.PAD_ID))
+    return _dyadic(counts_r, ids_r, batch_shape, v, policy)
 
 
 def _keys_for(keys, batch, extra=0):
@@ -152,6 +191,8 @@ def draw(q, keys, *, backend="cpu", check=True, out=None):
 
     Returns int32 tokens of shape ``q.batch_shape``.
     """
+    if check is not True and check is not False:
+        check = _validate.check_mode(check)
     if not isinstance(q, Dyadic):
         raise TypeError(f"q: expected a dyadic.Dyadic, got {type(q).__name__}")
     if _on_device(backend, q.counts):  # GPU path (dyadic/_device.py)
@@ -160,12 +201,13 @@ def draw(q, keys, *, backend="cpu", check=True, out=None):
     counts, ids = q._numpy()
     batch = int(np.prod(q.batch_shape, dtype=np.int64))
     k = _keys_for(keys, batch)
-    tokens = np.empty(batch, dtype=np.int32)
+    ((tokens, tokens_r),) = _host_outputs(out, (("tokens", (batch,), np.int32),),
+                                          _arrays.kind_of(q.counts))
     c2 = np.ascontiguousarray(counts.reshape(batch, q.width))
     i2 = None if ids is None else np.ascontiguousarray(ids.reshape(batch, q.width))
     if batch:
         be.draw(c2, i2, *k, tokens)
-    return _arrays.output(tokens.reshape(q.batch_shape), _arrays.kind_of(q.counts))
+    return tokens_r if len(q.batch_shape) == 1 else tokens_r.reshape(q.batch_shape)
 
 
 def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="standard",
@@ -186,6 +228,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     -------
     (tokens int32 [B], q Dyadic [B])
     """
+    if check is not True and check is not False:
+        check = _validate.check_mode(check)
     if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
         return _gpu().propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
                               policy=policy, backend=backend, check=check, out=out)
@@ -199,15 +243,19 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     temp = _validate.temperature(temperature, batch, allow_zero=True)
     width = _validate.top_k(top_k, v)
     k = _keys_for(keys, batch)
-    counts, ids = _alloc_outputs(batch, v, width)
-    tokens = np.empty(batch, dtype=np.int32)
-    status = np.zeros(batch, dtype=np.int32)
+    (tokens, tokens_r), (counts, counts_r), (ids, ids_r), (status, _) = _host_outputs(out, (
+        ("tokens", (batch,), np.int32),
+        ("counts", (batch, width or v), np.uint32),
+        ("ids", (batch, width), np.int32) if width else None,
+        ("status", (batch,), np.int32)), kind)
+    status[...] = 0
     if batch:
         be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
     if status.any():
-        _status.raise_for_status(status, lambda r: r)
-    q = _dyadic(counts, ids, batch_shape, v, policy, kind)
-    return _arrays.output(tokens, kind), q
+        if check:
+            _status.raise_for_status(status, lambda r: r)
+        _fail_closed(status, (tokens, -1), (counts, 0), (ids, _spec.PAD_ID))
+    return tokens_r, _dyadic(counts_r, ids_r, batch_shape, v, policy)
 
 
 def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None):
@@ -244,28 +292,32 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     -------
     Verdict(accepted int32 [B], tokens int32 [B, k+1]).
     """
-    if isinstance(check, str) and check != "lazy":
-        raise ValueError(f"check: expected True, False or 'lazy', got {check!r}")
+    if check is not True and check is not False:
+        check = _validate.check_mode(check, lazy=True)
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
         return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
                              check=check, out=out)
     be = _backend.get(backend)
     kind = _arrays.kind_of(target)
-    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, q, greedy)
+    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, q, greedy,
+                                                   check=check is True)
     keys_b = _keys_for(keys, batch, extra=k)
     qc = qi = None
     if q is not None:
         qc, qi = q._numpy()
         qc = np.ascontiguousarray(qc)
         qi = None if qi is None else np.ascontiguousarray(qi)
-    accepted = np.empty(batch, dtype=np.int32)
-    tokens = np.empty((batch, k + 1), dtype=np.int32)
-    status = np.zeros(batch, dtype=np.int32)
+    (accepted, accepted_r), (tokens, tokens_r), (status, status_r) = _host_outputs(out, (
+        ("accepted", (batch,), np.int32), ("tokens", (batch, k + 1), np.int32),
+        ("status", (batch,), np.int32)), kind)
+    status[...] = 0
     if batch:
         be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
     if status.any():
-        _status.raise_for_status(status)
-    return Verdict(_arrays.output(accepted, kind), _arrays.output(tokens, kind))
+        if check is True:
+            _status.raise_for_status(status)
+        _fail_closed(status, (accepted, 0), (tokens, -1))
+    return Verdict(accepted_r, tokens_r, None if check is True else status_r)
 
 
 def philox4x32(counter, key, rounds=10, *, backend="cpu"):

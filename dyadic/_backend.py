@@ -59,18 +59,30 @@ def names():
     return tuple(_REGISTRY)
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend that cannot load or run here; the message says what to install."""
+
+
 def get(name):
-    """The backend object for ``name``, imported on first use."""
+    """The backend object for ``name``, imported and checked on first use.
+
+    Raises ValueError for an unknown name and ``BackendUnavailable`` (a
+    RuntimeError) naming what to install when the backend cannot load or has
+    no device to run on.
+    """
     if isinstance(name, str) and name in _LOADED:
         return _LOADED[name]
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"backend: unknown backend {name!r}; expected one of {sorted(_REGISTRY)}")
     module, cls, hint = _REGISTRY[name]
     try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise RuntimeError(f"backend {name!r} cannot load: {hint} ({exc})") from exc
-    obj = getattr(mod, cls)()
+        obj = getattr(importlib.import_module(module), cls)()
+        usable = getattr(obj, "usable", lambda: True)()
+    except Exception as exc:  # noqa: BLE001 - any load failure (import, driver) is reported
+        raise BackendUnavailable(f"backend {name!r} cannot load: {hint} "
+                                 f"({type(exc).__name__}: {exc})") from exc
+    if not usable:
+        raise BackendUnavailable(f"backend {name!r} cannot run here: {hint} (no usable device)")
     _LOADED[name] = obj
     return obj
 
@@ -80,9 +92,8 @@ def available():
     out = []
     for name in _REGISTRY:
         try:
-            backend = get(name)
-        except Exception:
+            get(name)
+        except BackendUnavailable:
             continue
-        if getattr(backend, "usable", lambda: True)():
-            out.append(name)
+        out.append(name)
     return out

@@ -97,21 +97,27 @@ class Dyadic:
 
     Parameters
     ----------
-    counts : uint32 array [..., W]
+    counts : uint32 array [..., W] (NumPy, torch, CuPy)
         Ticket counts; every row sums to exactly ``TOTAL = 2**24``.
     ids : int32 array [..., W] or None
         Sparse support: valid ids strictly ascending in [0, vocab_size), then
         padding entries (id -1, count 0) at the end of the row.  None means
         dense (W == vocab_size, ``counts[..., v]`` is token v).
     vocab_size : int
-        V; required for sparse rows, defaults to W for dense rows.
+        V in [1, 2**24]; required for sparse rows, defaults to W for dense rows.
     policy : str
         "standard", "floor-first", or "external" (counts from elsewhere, e.g.
         the wire); ``semantic_id`` names it.
 
-    Rows are validated on construction (``ValueError`` naming the row and the
-    rule); arrays are stored read-only (NumPy).  Results of ``allocate`` and
-    ``propose`` are valid by construction.
+    The constructor copies ``counts`` and ``ids`` (a device array is copied on
+    its device) and validates the copy, so the caller's arrays are never
+    modified and a later change to them cannot reach a kernel.  Every rule
+    broken raises ``ValueError`` / ``TypeError`` naming the argument, the row
+    and the rule.  The stored NumPy arrays are read-only.  Results of
+    ``allocate``, ``propose``, ``stack``, indexing and ``to_dense`` are built
+    by dyadic from validated data.  Writing into ``counts`` / ``ids`` in
+    place is not supported; the kernels fail such rows closed (status
+    ``Q_INVALID``) where the rule broken is decidable from the row.
 
     Compatibility guarantee: for a given input, policy and semantic id, the
     counts are identical on every backend, platform and version of dyadic that
@@ -121,16 +127,12 @@ class Dyadic:
     __slots__ = ("_counts", "_ids", "_vocab_size", "_policy")
 
     def __init__(self, counts, ids=None, *, vocab_size=None, policy="standard", _trusted=False):
-        if not _trusted:
-            from . import _validate
-            counts, ids, vocab_size = _validate.dyadic_parts(counts, ids, vocab_size, policy)
-        for a in (counts, ids):
-            if isinstance(a, np.ndarray):
-                a.flags.writeable = False
-        object.__setattr__(self, "_counts", counts)
-        object.__setattr__(self, "_ids", ids)
-        object.__setattr__(self, "_vocab_size", int(vocab_size))
-        object.__setattr__(self, "_policy", policy)
+        from . import _validate
+        if _trusted:
+            _set_fields(self, counts, ids, int(vocab_size), policy)
+            return
+        counts, ids, vocab_size = _validate.dyadic_parts(counts, ids, vocab_size, policy)
+        _set_fields(self, counts, ids, vocab_size, policy)
 
     def __setattr__(self, name, value):
         raise AttributeError("Dyadic is immutable")
@@ -192,8 +194,10 @@ class Dyadic:
         r, j = np.nonzero(rid >= 0)
         dense[r, rid[r, j]] = rows[r, j]
         dense = dense.reshape(self.batch_shape + (self.vocab_size,))
-        return Dyadic(_arrays.like(dense, self._counts), None, vocab_size=self.vocab_size,
-                      policy=self._policy, _trusted=True)
+        from . import _validate
+        _validate.dyadic_rows(dense, None, self.vocab_size)  # the dense form obeys every rule
+        return trusted_dyadic(_arrays.like(dense, self._counts), None, self.vocab_size,
+                              self._policy)
 
     def probs(self):
         """float32 values counts / 2**24 (exact), aligned with ``counts``.
@@ -205,14 +209,39 @@ class Dyadic:
         return _arrays.like(out, self._counts)
 
     def __getitem__(self, index):
-        """Rows of the batch (the last axis is never indexed)."""
-        if not isinstance(index, tuple):
-            index = (index,)
-        if len(index) > len(self.batch_shape):
-            raise IndexError("Dyadic: too many indices (the vocabulary axis is not indexable)")
-        c = self._counts[index]
-        i = None if self._ids is None else self._ids[index]
-        return Dyadic(c, i, vocab_size=self.vocab_size, policy=self._policy, _trusted=True)
+        """Rows of the batch, selected by any NumPy index over the batch axes.
+
+        The index applies to ``batch_shape`` only (an Ellipsis or a slice
+        never reaches the vocabulary axis); the result is a new Dyadic with
+        its own copy of the selected rows.  Indexing a Dyadic with an empty
+        batch shape raises IndexError.
+        """
+        if not self.batch_shape:
+            raise IndexError("Dyadic: a single distribution (batch shape ()) has no batch "
+                             "axis to index (the vocabulary axis is not indexable)")
+        rows = np.arange(int(np.prod(self.batch_shape, dtype=np.int64)), dtype=np.int64)
+        try:
+            picked = rows.reshape(self.batch_shape)[index]
+        except IndexError as exc:
+            raise IndexError(f"Dyadic: index {index!r} does not fit the batch shape "
+                             f"{self.batch_shape} ({exc}); the vocabulary axis is not "
+                             f"indexable") from None
+        picked = np.asarray(picked)
+        width = self.width
+        c = _arrays.take_rows(self._counts, picked.reshape(-1), width, picked.shape)
+        i = None if self._ids is None else _arrays.take_rows(self._ids, picked.reshape(-1),
+                                                             width, picked.shape)
+        return trusted_dyadic(c, i, self._vocab_size, self._policy)
+
+
+def _set_fields(d, counts, ids, vocab_size, policy):
+    for a in (counts, ids):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    object.__setattr__(d, "_counts", counts)
+    object.__setattr__(d, "_ids", ids)
+    object.__setattr__(d, "_vocab_size", vocab_size)
+    object.__setattr__(d, "_policy", policy)
 
 
 def stack(qs, axis=0):
@@ -240,9 +269,12 @@ def stack(qs, axis=0):
     parts = [q._numpy(host_copy=True) for q in qs]
     counts = np.stack([c for c, _ in parts], axis=axis)
     ids = None if not first.is_sparse else np.stack([i for _, i in parts], axis=axis)
+    from . import _validate
+    _validate.dyadic_rows(counts, ids, first.vocab_size)  # the stacked copy obeys every rule
     orig = first.counts
-    return Dyadic(_arrays.like(counts, orig), None if ids is None else _arrays.like(ids, orig),
-                  vocab_size=first.vocab_size, policy=first.policy, _trusted=True)
+    return trusted_dyadic(_arrays.like(counts, orig),
+                          None if ids is None else _arrays.like(ids, orig),
+                          first.vocab_size, first.policy)
 
 
 @dataclass(frozen=True)
@@ -264,18 +296,21 @@ class Verdict:
     status: object = None
 
 
-# Results made by dyadic's own GPU fast path (dyadic/_fast.py): the same objects the
-# constructors give, built without their per-call work (on the CI machine:
-# Dyadic(..., _trusted=True) 2.5 us per call against 1.2, Verdict(...) 1.1-1.3 against
-# 0.8).  Device tensors only: no NumPy read-only flags.
+# Results made by dyadic itself (its kernels' outputs, copies of validated rows): the
+# same objects the constructors give, built without their per-call validation.  Never
+# called on data a caller handed in.
 _NEW = object.__new__
 _DY_SET = (Dyadic._counts.__set__, Dyadic._ids.__set__, Dyadic._vocab_size.__set__,
            Dyadic._policy.__set__)
 
 
 def trusted_dyadic(counts, ids, vocab_size, policy):
-    """``Dyadic(counts, ids, vocab_size=vocab_size, policy=policy, _trusted=True)`` for
-    torch tensors made by dyadic (``vocab_size`` an int): no validation."""
+    """A Dyadic over arrays dyadic made and validated (``vocab_size`` an int); NumPy
+    arrays are made read-only."""
+    if type(counts) is np.ndarray:
+        counts.flags.writeable = False
+        if ids is not None:
+            ids.flags.writeable = False
     d = _NEW(Dyadic)
     sc, si, sv, sp = _DY_SET
     sc(d, counts)

@@ -15,6 +15,8 @@ _INF = float("inf")
 
 
 def policy(name):
+    if not isinstance(name, str):
+        raise TypeError(f"policy: expected a str, got {type(name).__name__}")
     if name not in _spec.POLICY_CODES:
         raise ValueError(f"policy: unknown policy {name!r}; expected one of "
                          f"{sorted(_spec.POLICY_CODES)}")
@@ -22,6 +24,8 @@ def policy(name):
 
 
 def vocab(v, name="x"):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: vocabulary size must be an int, got {type(v).__name__} {v!r}")
     if not 1 <= v <= _spec.MAX_VOCAB:
         raise ValueError(f"{name}: vocabulary size {v} out of range [1, {_spec.MAX_VOCAB}]")
 
@@ -85,35 +89,55 @@ def logits_and_bias(x, bias, name="x"):
 
 
 def dyadic_parts(counts, ids, vocab_size, policy_name):
-    """Validate the parts of a user-constructed ``Dyadic``; returns them normalised."""
-    if policy_name not in _spec.SEMANTIC_IDS and policy_name != "external":
-        raise ValueError(f"policy: unknown policy {policy_name!r}; expected 'standard', "
-                         f"'floor-first' or 'external'")
-    keep = _arrays.is_torch(counts) or _arrays.is_gpu_array(counts)
-    c = _arrays.int_to_numpy(counts, "counts", host_copy=True)
+    """Validate the parts of a user-constructed ``Dyadic``.
+
+    Returns (counts, ids, vocab_size): private copies of the caller's arrays, of the
+    same kind and device (the caller's arrays are never shared or modified), and the
+    vocabulary size as an int.
+    """
+    dyadic_policy(policy_name)
+    vocab_size = _int_arg(vocab_size, "vocab_size") if vocab_size is not None else None
+    c_own, c = _arrays.owned_copy(counts, "counts")
     if c.ndim < 1:
-        raise ValueError("counts: expected shape [..., W]")
+        raise ValueError("counts: expected shape [..., W], got a scalar")
     if c.dtype != np.uint32:
         raise TypeError(f"counts: dtype {_arrays.dtype_name(c)}; expected uint32")
     width = c.shape[-1]
-    rows = c.reshape(-1, width)
+    if width < 1:
+        raise ValueError(f"counts: width (last dimension) is 0; expected at least 1 entry "
+                         f"per row, got shape {c.shape}")
+    i_own = i = None
     if ids is None:
         if vocab_size is None:
             vocab_size = width
+        vocab(vocab_size, "vocab_size")
         if vocab_size != width:
             raise ValueError(f"counts: dense width {width} != vocab_size {vocab_size}")
-        vocab(vocab_size, "vocab_size")
-        i = None
     else:
-        i = _arrays.int_to_numpy(ids, "ids", host_copy=True)
+        if vocab_size is None:
+            raise ValueError("vocab_size: required for sparse rows")
+        vocab(vocab_size, "vocab_size")
+        i_own, i = _arrays.owned_copy(ids, "ids")
         if i.dtype != np.int32:
             raise TypeError(f"ids: dtype {_arrays.dtype_name(i)}; expected int32")
         if i.shape != c.shape:
             raise ValueError(f"ids: shape {i.shape} != counts shape {c.shape}")
-        if vocab_size is None:
-            raise ValueError("vocab_size: required for sparse rows")
-        vocab(vocab_size, "vocab_size")
-        irows = i.reshape(-1, width)
+        if _arrays.kind_of(ids) != _arrays.kind_of(counts) or (
+                _arrays.is_gpu_array(ids) != _arrays.is_gpu_array(counts)):
+            raise TypeError("ids: must be the same kind of array (NumPy, torch, CuPy) on the "
+                            "same device as counts")
+    dyadic_rows(c, i, vocab_size)
+    return c_own, i_own, vocab_size
+
+
+def dyadic_rows(counts, ids, vocab_size):
+    """Every row rule of a Dyadic on host arrays: uint32 counts [..., W] summing to
+    2**24; sparse int32 ids [..., W] strictly ascending in [0, vocab_size), then -1
+    padding with count 0.  Raises ValueError naming the argument, the row and the rule."""
+    width = counts.shape[-1]
+    rows = counts.reshape(-1, width)
+    if ids is not None:
+        irows = ids.reshape(-1, width)
         pad = irows == _spec.PAD_ID
         valid = ~pad
         bad = (irows < _spec.PAD_ID) | (irows >= vocab_size)
@@ -129,8 +153,34 @@ def dyadic_parts(counts, ids, vocab_size, policy_name):
                                                  "(no duplicates)")
     sums = rows.astype(np.uint64).sum(axis=1)
     _first_bad(sums != _spec.TOTAL, "counts", "counts must sum to exactly 2**24")
-    # torch / device arrays are kept as given (validated through a host copy)
-    return (counts if keep else c), (ids if i is None or keep else i), vocab_size
+
+
+def dyadic_policy(name):
+    """A Dyadic's policy: a str, one of the allocation policies or "external"."""
+    if not isinstance(name, str):
+        raise TypeError(f"policy: expected a str, got {type(name).__name__}")
+    if name not in _spec.SEMANTIC_IDS and name != "external":
+        raise ValueError(f"policy: unknown policy {name!r}; expected 'standard', "
+                         f"'floor-first' or 'external'")
+
+
+def _int_arg(value, name):
+    """An integer argument as a Python int (bool, float and str refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def check_mode(check, *, lazy=False):
+    """``check``: True or False (or "lazy" where ``lazy``); returns it normalised."""
+    if check is True or check is False:
+        return check
+    if isinstance(check, np.bool_):
+        return bool(check)
+    if lazy and isinstance(check, str) and check == "lazy":
+        return check
+    expected = "True, False or 'lazy'" if lazy else "True or False"
+    raise ValueError(f"check: expected {expected}, got {check!r}")
 
 
 def _first_bad(mask, name, rule):
@@ -139,8 +189,12 @@ def _first_bad(mask, name, rule):
         raise ValueError(f"{name}: row {int(bad[0])}: {rule}")
 
 
-def verify_inputs(target, draft, q, greedy):
-    """Shapes and dtypes of verify's inputs; returns NumPy views and sizes."""
+def verify_inputs(target, draft, q, greedy, *, check=True):
+    """Shapes and dtypes of verify's inputs; returns NumPy views and sizes.
+
+    ``check`` True raises for a draft id outside [0, V); False leaves that rule to
+    the kernel (status DRAFT_OUT_OF_RANGE for the request): an id that int32 cannot
+    hold is passed as -1, never wrapped to another id."""
     target_dtype(target)
     t = _arrays.float_to_numpy(target, "target")
     if t.ndim != 3:
@@ -153,8 +207,11 @@ def verify_inputs(target, draft, q, greedy):
     if d.shape != (b, k1 - 1):
         raise ValueError(f"draft: shape {d.shape} must be (B, k) = {(b, k1 - 1)} to match target")
     bad = (d < 0) | (d >= v)
-    _first_bad(bad.any(axis=1) if d.size else np.zeros(b, bool), "draft",
-               f"token ids must be in [0, {v})")
+    if check:
+        _first_bad(bad.any(axis=1) if d.size else np.zeros(b, bool), "draft",
+                   f"token ids must be in [0, {v})")
+    elif bad.any():
+        d = np.where(bad, -1, d)
     verify_q(q, b, k1 - 1, v)
     if greedy is None:
         g = np.zeros(b, dtype=np.uint8)
