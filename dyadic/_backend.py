@@ -1,7 +1,11 @@
 """The backend interface (what every backend implements) and the lazy registry.
 
-A backend receives validated, C-contiguous arrays and preallocated outputs,
-writes results and per-row status codes, and never raises for bad data.
+A backend receives C-contiguous arrays and preallocated outputs, writes
+results and per-row status codes, and never raises for bad data.  The CPU
+and reference kernels bounds-check every id they address memory with and
+fail a bad row closed (status code, outputs -1 / counts 0) whether or not
+the Python layer validated it (docs/semantics.md, section 6); a shape
+mismatch is structural and raises ValueError naming the array.
 Shapes: B rows, V vocabulary, W sparse width (or V), k draft depth.
 Keys arrive as four arrays of length B: seed (uint64), generation, round,
 position (uint32).

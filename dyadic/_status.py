@@ -38,7 +38,7 @@ _MESSAGES = {
     DRAFT_OUT_OF_RANGE: ("draft", "token ids must be in [0, V) (V: the target's vocabulary)"),
     Q_INVALID: ("q", "the q row breaks a Dyadic rule (an id outside [0, V) or -1, valid ids "
                      "not strictly ascending, padding before a valid id or with a count, "
-                     "or counts not summing to 2**24)"),
+                     "a count above 2**24, or counts not summing to 2**24)"),
     RNG_EXHAUSTED: ("keys", "bounded draw exhausted 2**28 draw indices (probability "
                             "< 2**-(2**28)); the key fields are reused or corrupted"),
 }

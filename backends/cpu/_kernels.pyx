@@ -1,9 +1,12 @@
 # cython: language_level=3
 """Thin typed loops over rows around backends/include/dyadic_core.h.
 
-Inputs are validated, C-contiguous NumPy arrays (see dyadic/_backend.py);
-outputs are preallocated.  Every loop runs without the GIL and never raises
-for bad data: each row gets a status code.
+Inputs are C-contiguous NumPy arrays (see dyadic/_backend.py); outputs are
+preallocated.  Each wrapper checks the shapes it indexes with (a mismatch is
+a structural error: ValueError naming the array, as the reference backend);
+the row loops run without the GIL and never raise for bad data: the core
+bounds-checks every id it addresses memory with and each row gets a status
+code, so memory safety does not rest on the Python layer's validation.
 """
 import numpy as np
 cimport numpy as cnp
@@ -11,6 +14,43 @@ from libc.stdint cimport uint32_t, int32_t, uint64_t, uint8_t
 include "dyadic_core.pxi"
 
 cnp.import_array()
+
+cdef int _shape1(str name, Py_ssize_t got, Py_ssize_t want) except -1:
+    if got != want:
+        raise ValueError(f"{name}: shape ({got},) must be ({want},)")
+    return 0
+
+
+cdef int _shape2(str name, Py_ssize_t g0, Py_ssize_t g1, Py_ssize_t w0, Py_ssize_t w1) except -1:
+    if g0 != w0 or g1 != w1:
+        raise ValueError(f"{name}: shape ({g0}, {g1}) must be ({w0}, {w1})")
+    return 0
+
+
+cdef int _vocab(str name, Py_ssize_t v) except -1:
+    if not 1 <= v <= DY_MAX_VOCAB:
+        raise ValueError(f"{name}: vocabulary size {v} must be in [1, 2**24]")
+    return 0
+
+
+cdef int _key_shapes(str prim, Py_ssize_t B, Py_ssize_t ns, Py_ssize_t ng, Py_ssize_t nr,
+                     Py_ssize_t np_, Py_ssize_t nt) except -1:
+    """The four key arrays and the tokens output: one entry per row."""
+    cdef str name = None
+    if ns != B:
+        name, n = "seed", ns
+    elif ng != B:
+        name, n = "generation", ng
+    elif nr != B:
+        name, n = "round", nr
+    elif np_ != B:
+        name, n = "position", np_
+    elif nt != B:
+        name, n = "tokens", nt
+    if name is not None:
+        raise ValueError(f"{prim}: seed, generation, round, position and tokens need {B} "
+                         f"entries (one per row); {name} has {n}")
+    return 0
 
 
 def philox4x32(const uint32_t[:, ::1] counters, const uint32_t[:, ::1] keys, int rounds,
@@ -33,20 +73,42 @@ cdef int _alloc_rows(const float[:, ::1] x, bias, const double[::1] temperature,
                      int policy, int top_k, uint32_t[:, ::1] counts, ids, int32_t[::1] status,
                      const uint64_t *seed, const uint32_t *generation, const uint32_t *round,
                      const uint32_t *position, int32_t *tokens) except -1:
-    """allocate (tokens NULL) or propose (tokens and the four key arrays, length B) per row."""
-    cdef Py_ssize_t b, B = x.shape[0]
-    cdef uint32_t V = <uint32_t>x.shape[1]
+    """allocate (tokens NULL) or propose (tokens and the four key arrays, length B) per row.
+
+    A failed row gets counts 0, ids -1 (and token -1) besides its status."""
+    cdef Py_ssize_t b, j, B = x.shape[0]
+    cdef Py_ssize_t Vs = x.shape[1]
+    cdef uint32_t V = <uint32_t>Vs
     cdef const float[:, ::1] bv
     cdef int32_t[:, ::1] iv
     cdef const float *bp = NULL
     cdef int32_t *ip = NULL
-    cdef Py_ssize_t nb = 0
-    cdef uint64_t[::1] ws = np.empty(max(<Py_ssize_t>dy_alloc_ws_words(V, top_k), 1), np.uint64)
+    cdef Py_ssize_t nb = 0, W
+    cdef int st
+    _vocab("x", Vs)
+    _shape1("temperature", temperature.shape[0], B)
+    if policy != 0 and policy != 1:
+        raise ValueError(f"policy: unknown policy code {policy!r}")
+    if not 0 <= top_k <= Vs:
+        raise ValueError(f"top_k: {top_k} must be in [0, V] = [0, {Vs}] (0: dense)")
+    W = top_k if top_k else Vs
+    _shape2("counts", counts.shape[0], counts.shape[1], B, W)
     if bias is not None:
         bv = bias
         nb = bv.shape[0]
-    if ids is not None:
+        if (nb != 1 and nb != B) or bv.shape[1] != Vs:
+            raise ValueError(f"bias: shape ({nb}, {bv.shape[1]}) must be (1, {Vs}) or ({B}, {Vs})")
+    if top_k:
+        if ids is None:
+            raise ValueError("ids: required for sparse rows (top_k > 0)")
         iv = ids
+        _shape2("ids", iv.shape[0], iv.shape[1], B, W)
+    elif ids is not None:
+        raise ValueError("ids: must be None for dense rows (top_k = 0)")
+    _shape1("status", status.shape[0], B)
+    if B == 0:
+        return 0
+    cdef uint64_t[::1] ws = np.empty(max(<Py_ssize_t>dy_alloc_ws_words(V, top_k), 1), np.uint64)
     with nogil:
         for b in range(B):
             bp = NULL
@@ -56,12 +118,21 @@ cdef int _alloc_rows(const float[:, ::1] x, bias, const double[::1] temperature,
             if top_k:
                 ip = &iv[b, 0]
             if tokens != NULL:
-                status[b] = dy_propose_row(&x[b, 0], bp, temperature[b], policy, V,
-                                           <uint32_t>top_k, seed[b], generation[b], round[b],
-                                           position[b], &tokens[b], &counts[b, 0], ip, &ws[0])
+                st = dy_propose_row(&x[b, 0], bp, temperature[b], policy, V, <uint32_t>top_k,
+                                    seed[b], generation[b], round[b], position[b], &tokens[b],
+                                    &counts[b, 0], ip, &ws[0])
             else:
-                status[b] = dy_allocate_row(&x[b, 0], bp, temperature[b], logits, policy, V,
-                                            <uint32_t>top_k, &counts[b, 0], ip, &ws[0], NULL)
+                st = dy_allocate_row(&x[b, 0], bp, temperature[b], logits, policy, V,
+                                     <uint32_t>top_k, &counts[b, 0], ip, &ws[0], NULL)
+            status[b] = st
+            if st:
+                for j in range(W):
+                    counts[b, j] = 0
+                if top_k:
+                    for j in range(W):
+                        iv[b, j] = -1
+                if tokens != NULL:
+                    tokens[b] = -1
     return 0
 
 
@@ -76,11 +147,11 @@ def propose(const float[:, ::1] x, bias, const double[::1] temperature, int poli
             const uint32_t[::1] position, int32_t[::1] tokens, uint32_t[:, ::1] counts, ids,
             int32_t[::1] status):
     cdef Py_ssize_t B = x.shape[0]
-    if min(seed.shape[0], generation.shape[0], round.shape[0], position.shape[0],
-           tokens.shape[0]) < B:
-        raise ValueError(f"propose: seed, generation, round, position and tokens need {B} "
-                         f"entries (one per row)")
+    _key_shapes("propose", B, seed.shape[0], generation.shape[0], round.shape[0],
+                position.shape[0], tokens.shape[0])
     if B == 0:
+        _alloc_rows(x, bias, temperature, True, policy, top_k, counts, ids, status,
+                    NULL, NULL, NULL, NULL, NULL)
         return
     _alloc_rows(x, bias, temperature, True, policy, top_k, counts, ids, status,
                 &seed[0], &generation[0], &round[0], &position[0], &tokens[0])
@@ -89,6 +160,8 @@ def propose(const float[:, ::1] x, bias, const double[::1] temperature, int poli
 def draw(const uint32_t[:, ::1] counts, ids, const uint64_t[::1] seed,
          const uint32_t[::1] generation, const uint32_t[::1] round, const uint32_t[::1] position,
          int32_t[::1] tokens):
+    """Dense rows: the first id whose running count exceeds the ticket (ids < W).
+    Sparse rows are checked first (dy_draw_sparse_host): a bad row gives -1."""
     cdef Py_ssize_t b, B = counts.shape[0]
     cdef uint32_t W = <uint32_t>counts.shape[1]
     cdef const int32_t[:, ::1] iv
@@ -96,11 +169,14 @@ def draw(const uint32_t[:, ::1] counts, ids, const uint64_t[::1] seed,
     cdef uint32_t r
     if sparse:
         iv = ids
+        _shape2("ids", iv.shape[0], iv.shape[1], B, counts.shape[1])
+    _key_shapes("draw", B, seed.shape[0], generation.shape[0], round.shape[0],
+                position.shape[0], tokens.shape[0])
     with nogil:
         for b in range(B):
             r = dy_proposal_ticket(seed[b], generation[b], round[b], position[b])
             if sparse:
-                tokens[b] = dy_draw_sparse(&counts[b, 0], &iv[b, 0], W, r)
+                tokens[b] = dy_draw_sparse_host(&counts[b, 0], &iv[b, 0], W, r)
             else:
                 tokens[b] = dy_draw_dense(&counts[b, 0], W, r)
 
@@ -109,22 +185,48 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
            const uint64_t[::1] seed, const uint32_t[::1] generation, const uint32_t[::1] round,
            const uint32_t[::1] position, int32_t[::1] accepted, int32_t[:, ::1] tokens,
            int32_t[::1] status):
+    """Shapes are checked here (ValueError naming the array; a dense q must
+    have width V); ids and counts inside the rows are checked by
+    dy_verify_row_host, which fails a bad request closed with its status."""
     cdef const uint32_t[:, :, ::1] t = target.view(np.uint32)
     cdef Py_ssize_t b, B = t.shape[0]
-    cdef uint32_t k = <uint32_t>(t.shape[1] - 1)
-    cdef uint32_t V = <uint32_t>t.shape[2]
-    cdef uint32_t W = V
+    cdef Py_ssize_t k1 = t.shape[1], Vs = t.shape[2]
+    cdef uint32_t k, V, W
     cdef const uint32_t[:, :, ::1] qc
     cdef const int32_t[:, :, ::1] qi
     cdef const uint32_t *qcp = NULL
     cdef const int32_t *qip = NULL
     cdef bint has_q = q_counts is not None, has_ids = q_ids is not None
-    cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_verify_host_ws_words(V, k), np.uint64)
+    if k1 < 1:
+        raise ValueError(f"target: shape ({B}, {k1}, {Vs}) must be [B, k+1, V] with k+1 >= 1")
+    _vocab("target", Vs)
+    k = <uint32_t>(k1 - 1)
+    V = <uint32_t>Vs
+    W = V
+    _shape2("draft", draft.shape[0], draft.shape[1], B, k1 - 1)
     if has_q:
         qc = q_counts
+        if qc.shape[0] != B or qc.shape[1] != k1 - 1:
+            raise ValueError(f"q_counts: shape ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]}) "
+                             f"must be ({B}, {k1 - 1}, W)")
+        if not has_ids and qc.shape[2] != Vs:
+            raise ValueError(f"q_counts: dense width {qc.shape[2]} must equal the target's "
+                             f"vocabulary {Vs}")
         W = <uint32_t>qc.shape[2]
     if has_ids:
+        if not has_q:
+            raise ValueError("q_ids: given without q_counts")
         qi = q_ids
+        if qi.shape[0] != qc.shape[0] or qi.shape[1] != qc.shape[1] or qi.shape[2] != qc.shape[2]:
+            raise ValueError(f"q_ids: shape ({qi.shape[0]}, {qi.shape[1]}, {qi.shape[2]}) must "
+                             f"be ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]})")
+    _shape1("greedy", greedy.shape[0], B)
+    _key_shapes("verify", B, seed.shape[0], generation.shape[0], round.shape[0],
+                position.shape[0], B)
+    _shape1("accepted", accepted.shape[0], B)
+    _shape2("tokens", tokens.shape[0], tokens.shape[1], B, k1)
+    _shape1("status", status.shape[0], B)
+    cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_verify_host_ws_words(V, k), np.uint64)
     with nogil:
         for b in range(B):
             qcp = NULL

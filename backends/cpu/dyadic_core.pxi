@@ -2,6 +2,7 @@
 from libc.stdint cimport uint32_t, int32_t, uint64_t
 
 cdef extern from "dyadic_core.h" nogil:
+    enum: DY_MAX_VOCAB
     ctypedef struct dy_u128:
         uint64_t hi
         uint64_t lo
@@ -25,6 +26,8 @@ cdef extern from "dyadic_core.h" nogil:
     int32_t dy_draw_dense(const uint32_t *counts, uint32_t width, uint32_t r)
     int32_t dy_draw_sparse(const uint32_t *counts, const int32_t *ids, uint32_t width,
                            uint32_t r)
+    int32_t dy_draw_sparse_host(const uint32_t *counts, const int32_t *ids, uint32_t width,
+                                uint32_t r)
     int dy_verify_row_host(const uint32_t *target, const int32_t *draft, const uint32_t *q_counts,
                            const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
                            int greedy, uint64_t seed, uint32_t generation, uint32_t round,

@@ -1230,6 +1230,42 @@ DY_FUNC uint32_t dy_q_count(const uint32_t *qc, const int32_t *qi, uint32_t widt
 #if !defined(DY_CUDA)
 #define DY_VB 64u
 
+/* Whether a sparse q row (counts qc, ids qi, width W) is a Dyadic row over
+ * [0, bound) (sampling.sparse_row_valid): valid ids strictly ascending in
+ * [0, bound), then padding (DY_PAD_ID, count 0) to the end of the row,
+ * every count <= 2**24, counts summing to exactly 2**24.  O(W).  Only a row
+ * it accepts may address memory by its ids. */
+DY_FUNC int dy_sparse_row_valid(const uint32_t *qc, const int32_t *qi, uint32_t width,
+                                uint32_t bound) {
+    uint64_t sum = 0;
+    int64_t prev = -1;
+    int pad = 0;
+    uint32_t j;
+    for (j = 0; j < width; j++) {
+        int32_t id = qi[j];
+        uint32_t c = qc[j];
+        if (id == DY_PAD_ID) {
+            if (c) return 0;
+            pad = 1;
+            continue;
+        }
+        if (pad || (int64_t)id <= prev || (uint32_t)id >= bound || c > DY_TOTAL) return 0;
+        prev = id;
+        sum += c;
+    }
+    return sum == DY_TOTAL;
+}
+
+/* dy_draw_sparse on a row checked first (dy_sparse_row_valid with bound
+ * 2**24: the draw does not know V, the Dyadic object guarantees id < V);
+ * -1 for a row breaking a rule, so no id or padding read from a bad row is
+ * ever returned (sampling.draw_sparse_row). */
+DY_FUNC int32_t dy_draw_sparse_host(const uint32_t *counts, const int32_t *ids, uint32_t width,
+                                    uint32_t r) {
+    if (!dy_sparse_row_valid(counts, ids, width, DY_MAX_VOCAB)) return -1;
+    return dy_draw_sparse(counts, ids, width, r);
+}
+
 DY_FUNC uint64_t dy_verify_host_ws_words(uint32_t vocab, uint32_t k) {
     return (uint64_t)k + 1u + 2ull * ((vocab + DY_VB - 1u) / DY_VB);
 }
@@ -1256,14 +1292,18 @@ DY_HOT void dy_block_sums_p(const uint32_t *row, uint32_t vocab, uint64_t *spb, 
     }
 }
 
-/* Block sums of P_v and c_v over {v : R_v > 0} for a dense q row. */
-DY_HOT void dy_block_sums_dense(const uint32_t *row, const uint32_t *qc, uint32_t vocab,
-                                uint64_t total, uint64_t *spb, uint64_t *scb) {
+/* Block sums of P_v and c_v over {v : R_v > 0} for a dense q row.  Returns
+ * the sum of every count of the row (< 2**56): the row is a Dyadic row iff
+ * it is 2**24 (counts are >= 0, so no count then exceeds 2**24 and
+ * dy_resid_thr cannot overflow). */
+DY_HOT uint64_t dy_block_sums_dense(const uint32_t *row, const uint32_t *qc, uint32_t vocab,
+                                    uint64_t total, uint64_t *spb, uint64_t *scb) {
     const uint64_t th = total >> DY_TOTAL_BITS, tl = total & (DY_TOTAL - 1u);
     uint32_t v0, j, blk = 0;
+    uint64_t call = 0;
     for (v0 = 0; v0 < vocab; v0 += DY_VB, blk++) {
         uint32_t n = vocab - v0 < DY_VB ? vocab - v0 : DY_VB;
-        uint64_t sp = 0, sc = 0;
+        uint64_t sp = 0, sc = 0, ca = 0;
         const uint32_t *rb = row + v0, *cb = qc + v0;
         for (j = 0; j < n; j++) {
             uint64_t p = dy_target_fixed_fast(rb[j]);
@@ -1271,10 +1311,13 @@ DY_HOT void dy_block_sums_dense(const uint32_t *row, const uint32_t *qc, uint32_
             uint64_t m = (uint64_t)0 - (uint64_t)(p > dy_resid_thr(c, th, tl));
             sp += p & m;
             sc += c & m;
+            ca += c;
         }
         spb[blk] = sp;
         scb[blk] = sc;
+        call += ca;
     }
+    return call;
 }
 
 /* q count at v of a sparse row with nv valid ascending ids (binary search). */
@@ -1289,7 +1332,9 @@ DY_FUNC uint32_t dy_sparse_at(const uint32_t *qc, const int32_t *qi, uint32_t nv
 }
 
 /* The residual draw of verify on one validated row; q: dense (qc),
- * sparse (qc, qi), or point mass at d (qc NULL). */
+ * sparse (qc, qi: a row dy_sparse_row_valid accepted), or point mass at d
+ * (qc NULL).  A dense row whose counts do not sum to 2**24 gives
+ * DY_ST_Q_INVALID before any draw. */
 DY_FUNC int dy_residual_draw_host(const uint32_t *row, const uint32_t *qc, const int32_t *qi,
                                   uint32_t width, uint32_t vocab, int32_t d, uint64_t total,
                                   uint64_t seed, uint32_t generation, uint32_t round,
@@ -1301,7 +1346,9 @@ DY_FUNC int dy_residual_draw_host(const uint32_t *row, const uint32_t *qc, const
     int st;
     *tok = -1;
     if (qc && !qi) {
-        dy_block_sums_dense(row, qc, vocab, total, spb, scb);
+        /* the residual reads the whole dense row: it must be a Dyadic row */
+        if (dy_block_sums_dense(row, qc, vocab, total, spb, scb) != DY_TOTAL)
+            return DY_ST_Q_INVALID;
     } else {
         dy_block_sums_p(row, vocab, spb, scb);
         if (qc) {
@@ -1378,7 +1425,14 @@ DY_FUNC int32_t dy_bonus_token_host(const uint32_t *row, uint32_t vocab, uint64_
 /* One request of verify.  target: float32 bits [(k+1), V]; draft [k];
  * q_counts [k, W] or NULL (point mass); q_ids [k, W] or NULL (dense, W = V);
  * tokens [k+1]; ws: dy_verify_host_ws_words words (no zero-fill requirement).
- * Returns a status; on error *accepted = 0 and tokens = -1. */
+ * Returns a status; on error *accepted = 0 and tokens = -1.
+ * Nothing is addressed by a draft id or a q id before it is checked; the
+ * order of the checks is sampling.verify_row's: target rows (TARGET_*),
+ * draft ids in [0, V) (DRAFT_OUT_OF_RANGE, greedy requests too), then for
+ * non-greedy requests each q row (sparse: dy_sparse_row_valid over [0, V);
+ * dense: the count at the draft <= 2**24) (Q_INVALID), then q_i(d_i) > 0
+ * (Q_ZERO_AT_DRAFT); a dense row read in full by the residual must sum to
+ * 2**24 (Q_INVALID). */
 DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
                                const uint32_t *q_counts, const int32_t *q_ids, uint32_t width,
                                uint32_t k, uint32_t vocab, int greedy, uint64_t seed,
@@ -1394,6 +1448,16 @@ DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
     for (i = 0; i <= k; i++) {
         st = dy_target_row_total(target + (uint64_t)i * vocab, vocab, &totals[i]);
         if (st) return st;
+    }
+    for (i = 0; i < k; i++)
+        if (draft[i] < 0 || (uint32_t)draft[i] >= vocab) return DY_ST_DRAFT_OUT_OF_RANGE;
+    if (!greedy && q_counts) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts + (uint64_t)i * width;
+            if (q_ids ? !dy_sparse_row_valid(qc, q_ids + (uint64_t)i * width, width, vocab)
+                      : qc[draft[i]] > DY_TOTAL)
+                return DY_ST_Q_INVALID;
+        }
     }
     if (!greedy) {
         for (i = 0; i < k; i++) {

@@ -15,6 +15,53 @@ def _keys(seed, generation, round_, b):
     return (int(seed[b]), int(generation[b]), int(round_[b]))
 
 
+def _shape(name, arr, want):
+    """ValueError naming ``arr`` unless its shape is ``want`` (the kernels'
+    structural check: backends/cpu/_kernels.pyx raises the same)."""
+    got = tuple(arr.shape)
+    if got != tuple(want):
+        raise ValueError(f"{name}: shape {got} must be {tuple(want)}")
+
+
+def _vocab(name, v):
+    if not 1 <= v <= _spec.MAX_VOCAB:
+        raise ValueError(f"{name}: vocabulary size {v} must be in [1, 2**24]")
+
+
+def _key_shapes(prim, batch, seed, generation, round_, position, tokens=None):
+    """The four key arrays and the tokens output: one entry per row."""
+    for name, a in (("seed", seed), ("generation", generation), ("round", round_),
+                    ("position", position), ("tokens", tokens)):
+        if a is not None and tuple(a.shape) != (batch,):
+            n = a.shape[0] if a.ndim == 1 else tuple(a.shape)
+            raise ValueError(f"{prim}: seed, generation, round, position and tokens need "
+                             f"{batch} entries (one per row); {name} has {n}")
+
+
+def _alloc_shapes(x, bias, temperature, policy, top_k, counts, ids, status):
+    if x.ndim != 2:
+        raise ValueError(f"x: shape {tuple(x.shape)} must be [B, V]")
+    batch, v = x.shape
+    _vocab("x", v)
+    if bias is not None and (bias.ndim != 2 or bias.shape[0] not in (1, batch)
+                             or bias.shape[1] != v):
+        raise ValueError(f"bias: shape {tuple(bias.shape)} must be (1, {v}) or ({batch}, {v})")
+    _shape("temperature", temperature, (batch,))
+    if policy not in _POLICIES:
+        raise ValueError(f"policy: unknown policy code {policy!r}")
+    if not 0 <= top_k <= v:
+        raise ValueError(f"top_k: {top_k} must be in [0, V] = [0, {v}] (0: dense)")
+    _shape("counts", counts, (batch, top_k or v))
+    if top_k:
+        if ids is None:
+            raise ValueError("ids: required for sparse rows (top_k > 0)")
+        _shape("ids", ids, (batch, top_k))
+    elif ids is not None:
+        raise ValueError("ids: must be None for dense rows (top_k = 0)")
+    _shape("status", status, (batch,))
+    return batch
+
+
 def _bias_row(bias, b):
     if bias is None:
         return None
@@ -31,6 +78,13 @@ def _write_alloc(row, counts, ids, b):
         ids[b, j], counts[b, j] = i, c
 
 
+def _fail_alloc(counts, ids, b):
+    """A failed allocate / propose row: counts 0, ids -1 (as the CPU and GPU kernels)."""
+    counts[b] = 0
+    if ids is not None:
+        ids[b] = _spec.PAD_ID
+
+
 class ReferenceBackend:
     name = "reference"
 
@@ -39,23 +93,31 @@ class ReferenceBackend:
             out[n] = philox.philox4x32(counters[n].tolist(), keys[n].tolist(), rounds)
 
     def allocate(self, x, bias, temperature, logits, policy, top_k, counts, ids, status):
+        top_k = int(top_k or 0)
+        _alloc_shapes(x, bias, temperature, policy, top_k, counts, ids, status)
         for b in range(x.shape[0]):
             st, row = allocation.allocate_row(
                 x[b].tolist(), logits=logits, bias=_bias_row(bias, b),
                 temperature=float(temperature[b]), top_k=top_k or None,
                 policy=_POLICIES[policy])
             status[b] = st
-            if not st:
+            if st:
+                _fail_alloc(counts, ids, b)
+            else:
                 _write_alloc(row, counts, ids, b)
 
     def propose(self, x, bias, temperature, policy, top_k, seed, generation, round, position,
                 tokens, counts, ids, status):
+        top_k = int(top_k or 0)
+        batch = _alloc_shapes(x, bias, temperature, policy, top_k, counts, ids, status)
+        _key_shapes("propose", batch, seed, generation, round, position, tokens)
         for b in range(x.shape[0]):
             tokens[b] = -1
             if temperature[b] == 0:
                 st, arg = allocation.argmax_row(x[b].tolist(), _bias_row(bias, b))
                 status[b] = st
                 if st:
+                    _fail_alloc(counts, ids, b)
                     continue
                 tokens[b] = arg
                 if ids is None:
@@ -71,21 +133,51 @@ class ReferenceBackend:
                 policy=_POLICIES[policy])
             status[b] = st
             if st:
+                _fail_alloc(counts, ids, b)
                 continue
             _write_alloc(row, counts, ids, b)
             tokens[b] = sampling.draw_row(row, _keys(seed, generation, round, b), int(position[b]))
 
     def draw(self, counts, ids, seed, generation, round, position, tokens):
-        for b in range(counts.shape[0]):
+        if counts.ndim != 2:
+            raise ValueError(f"counts: shape {tuple(counts.shape)} must be [B, W]")
+        batch = counts.shape[0]
+        if ids is not None:
+            _shape("ids", ids, counts.shape)
+        _key_shapes("draw", batch, seed, generation, round, position, tokens)
+        for b in range(batch):
+            keys = _keys(seed, generation, round, b)
             if ids is None:
-                row = counts[b].tolist()
+                tokens[b] = sampling.draw_dense_row(counts[b].tolist(), keys, int(position[b]))
             else:
-                row = list(zip(ids[b].tolist(), counts[b].tolist()))
-            tokens[b] = sampling.draw_row(row, _keys(seed, generation, round, b), int(position[b]))
+                tokens[b] = sampling.draw_sparse_row(ids[b].tolist(), counts[b].tolist(), keys,
+                                                     int(position[b]))
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
+        if target.ndim != 3 or target.shape[1] < 1:
+            raise ValueError(f"target: shape {tuple(target.shape)} must be [B, k+1, V] "
+                             f"with k+1 >= 1")
         bsz, k1, v = target.shape
+        _vocab("target", v)
+        _shape("draft", draft, (bsz, k1 - 1))
+        if q_counts is None:
+            if q_ids is not None:
+                raise ValueError("q_ids: given without q_counts")
+        else:
+            if q_counts.ndim != 3 or q_counts.shape[:2] != (bsz, k1 - 1):
+                raise ValueError(f"q_counts: shape {tuple(q_counts.shape)} must be "
+                                 f"({bsz}, {k1 - 1}, W)")
+            if q_ids is None and q_counts.shape[2] != v:
+                raise ValueError(f"q_counts: dense width {q_counts.shape[2]} must equal the "
+                                 f"target's vocabulary {v}")
+            if q_ids is not None:
+                _shape("q_ids", q_ids, q_counts.shape)
+        _shape("greedy", greedy, (bsz,))
+        _key_shapes("verify", bsz, seed, generation, round, position)
+        _shape("accepted", accepted, (bsz,))
+        _shape("tokens", tokens, (bsz, k1))
+        _shape("status", status, (bsz,))
         bits = target.view(np.uint32)
         for b in range(bsz):
             q_rows = None
@@ -95,11 +187,7 @@ class ReferenceBackend:
                     if q_ids is None:
                         q_rows.append(q_counts[b, i].tolist())
                     else:
-                        dense = [0] * v
-                        for t, c in zip(q_ids[b, i].tolist(), q_counts[b, i].tolist()):
-                            if t >= 0:
-                                dense[t] = c
-                        q_rows.append(dense)
+                        q_rows.append((q_ids[b, i].tolist(), q_counts[b, i].tolist()))
             try:
                 st, acc, toks = sampling.verify_row(
                     [bits[b, i].tolist() for i in range(k1)], draft[b].tolist(), q_rows,

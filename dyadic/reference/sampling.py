@@ -16,12 +16,59 @@ def first_exceeding(values, r):
     raise AssertionError("draw beyond the total mass")
 
 
+def sparse_row_valid(ids, counts, vocab):
+    """Whether ``(ids, counts)`` is a sparse Dyadic row over ``[0, vocab)``.
+
+    The rules of ``dyadic.Dyadic``: valid ids strictly ascending in
+    ``[0, vocab)``, then padding entries (id -1, count 0) to the end of the
+    row; every count <= 2**24; the counts sum to exactly 2**24.  A row
+    breaking one of them is status ``Q_INVALID`` wherever a kernel reads it.
+    """
+    prev, pad, total = -1, False, 0
+    for i, c in zip(ids, counts):
+        if i == _spec.PAD_ID:
+            if c:
+                return False
+            pad = True
+            continue
+        if pad or not prev < i < vocab or c > TOTAL:
+            return False
+        prev = i
+        total += c
+    return total == TOTAL
+
+
+def draw_dense_row(counts, keys, position):
+    """Token drawn from a dense count row: the first id whose running count
+    exceeds the proposal ticket, or -1 when none does (a row summing to less
+    than 2**24)."""
+    r = philox.proposal_ticket(keys, position)
+    acc = 0
+    for i, c in enumerate(counts):
+        acc += c
+        if acc > r:
+            return i
+    return -1
+
+
+def draw_sparse_row(ids, counts, keys, position):
+    """Token drawn from a sparse row (entry order = ascending id).
+
+    The row is checked first (``sparse_row_valid`` with the largest
+    vocabulary, 2**24: the draw does not know V; ``Dyadic`` guarantees
+    ``id < vocab_size``); a row breaking a rule gives -1, never an id read
+    from it."""
+    if not sparse_row_valid(ids, counts, _spec.MAX_VOCAB):
+        return -1
+    r = philox.proposal_ticket(keys, position)
+    return ids[first_exceeding(counts, r)]
+
+
 def draw_row(entries, keys, position):
     """Token drawn from ``entries``: a dense count list, or (id, count) pairs."""
-    r = philox.proposal_ticket(keys, position)
     if entries and isinstance(entries[0], tuple):
-        return entries[first_exceeding([c for _, c in entries], r)][0]
-    return first_exceeding(entries, r)
+        return draw_sparse_row([i for i, _ in entries], [c for _, c in entries], keys, position)
+    return draw_dense_row(entries, keys, position)
 
 
 def accept_split(p_fixed, total, count):
@@ -74,27 +121,53 @@ def first_argmax(bits):
 def verify_row(target_bits, draft, q_rows, keys, position, greedy):
     """One request of ``dyadic.verify``.
 
-    ``target_bits``: k+1 lists of float32 bit patterns; ``draft``: k ids;
-    ``q_rows``: k dense count lists (None for point-mass q); ``keys`` =
+    ``target_bits``: k+1 lists of float32 bit patterns (V each); ``draft``: k
+    ids; ``q_rows``: None (point-mass q) or k rows, each a dense count list
+    (length V) or a sparse pair ``(ids, counts)`` of lists; ``keys`` =
     (seed, generation, round); ``position``: absolute position of draft[0].
-    Returns ``(status, accepted, tokens)`` with ``len(tokens) == k + 1``.
+    Returns ``(status, accepted, tokens)`` with ``len(tokens) == k + 1``
+    (``(status, 0, None)`` when the request fails).
+
+    The rules are checked in this order, the first that fails decides the
+    status (docs/semantics.md, section 6): every target row (TARGET_*);
+    every draft id in [0, V) (DRAFT_OUT_OF_RANGE, greedy requests too);
+    then, for non-greedy requests, every q row: a sparse row in full, a dense
+    row at its draft (a count <= 2**24) (Q_INVALID); then q_i(d_i) > 0 for
+    every draft (Q_ZERO_AT_DRAFT).  The residual at a rejection reads its q
+    row in full: a row whose counts do not sum to 2**24 fails there
+    (Q_INVALID).
     """
     k = len(draft)
+    vocab = len(target_bits[0])
     fixed = []
     for row in target_bits:
         status, p, total = fixedpoint.target_row_fixed(row)
         if status:
             return status, 0, None
         fixed.append((p, total))
+    if not all(0 <= d < vocab for d in draft):
+        return _status.DRAFT_OUT_OF_RANGE, 0, None
     dense_q = []
-    for i, d in enumerate(draft):
-        q = q_rows[i] if q_rows is not None else None
-        if q is None:
-            q = [0] * len(target_bits[i])
-            q[d] = TOTAL
-        if not greedy and q[d] == 0:
-            return _status.Q_ZERO_AT_DRAFT, 0, None
-        dense_q.append(q)
+    if not greedy:
+        for i, d in enumerate(draft):
+            q = q_rows[i] if q_rows is not None else None
+            if q is None:
+                q = [0] * vocab
+                q[d] = TOTAL
+            elif isinstance(q, tuple):
+                ids, counts = q
+                if not sparse_row_valid(ids, counts, vocab):
+                    return _status.Q_INVALID, 0, None
+                q = [0] * vocab
+                for t, c in zip(ids, counts):
+                    if t != _spec.PAD_ID:
+                        q[t] = c
+            elif q[d] > TOTAL:
+                return _status.Q_INVALID, 0, None
+            dense_q.append(q)
+        for i, d in enumerate(draft):
+            if dense_q[i][d] == 0:
+                return _status.Q_ZERO_AT_DRAFT, 0, None
     tokens = []
     for i, d in enumerate(draft):
         p, total = fixed[i]
@@ -109,6 +182,8 @@ def verify_row(target_bits, draft, q_rows, keys, position, greedy):
         if greedy:
             tokens.append(best)
         else:
+            if sum(dense_q[i]) != TOTAL:
+                return _status.Q_INVALID, 0, None
             tokens.append(draw_weighted(residual(p, total, dense_q[i]), keys, position + i))
         return _status.OK, i, tokens + [-1] * (k - i)
     p, total = fixed[k]
