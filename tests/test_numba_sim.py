@@ -351,7 +351,8 @@ def test_verify_invalid_rows_same_status():
     target[2, 0] *= 0.5                  # sum far from 1
     target[3, 1, 0] = 1.5                # > 1 (after row 0 which is fine)
     qc, qi = np.asarray(q.counts).copy(), np.asarray(q.ids).copy()
-    qc[4, 1] = 0                         # q(d) = 0 at draft -> status 12 (not greedy)
+    draft = draft.copy()
+    draft[4, 1] = np.setdiff1d(np.arange(v), qi[4, 1])[0]  # q(d) = 0 at draft -> 12
     args = (target, draft, qc, qi, np.zeros(b, np.uint8),
             *keys_for(rng, b).broadcast(b, position_extra=k))
     outs = [np.zeros(b, np.int32), np.zeros((b, k + 1), np.int32), np.zeros(b, np.int32)]
@@ -364,7 +365,7 @@ def test_verify_invalid_rows_same_status():
 
 def test_verify_draft_out_of_range_fails_closed():
     """Device path with check=False (kernel interface, no host validation): a draft id
-    outside [0, V) fails its request with Q_ZERO_AT_DRAFT before any read at it,
+    outside [0, V) fails its request with DRAFT_OUT_OF_RANGE before any read at it,
     greedy rows included; the other requests are unaffected."""
     rng = np.random.default_rng(81)
     b, k, v = 4, 2, 40
@@ -378,7 +379,7 @@ def test_verify_draft_out_of_range_fails_closed():
         outs = [np.zeros(b, np.int32), np.zeros((b, k + 1), np.int32), np.zeros(b, np.int32)]
         NUMBA.verify(target, draft, qc, None, greedy, *keys, *outs)
         acc, tok, st = outs
-        assert st.tolist()[1:3] == [_status.Q_ZERO_AT_DRAFT] * 2
+        assert st.tolist()[1:3] == [_status.DRAFT_OUT_OF_RANGE] * 2
         assert (tok[1:3] == -1).all() and (acc[1:3] == 0).all()
         assert st[0] == 0 and st[3] == 0
         good = [0, 3]

@@ -7,8 +7,16 @@ are arrays of length B or 1 (length 1 broadcasts: dyadic/_device.py passes
 length-1 device keys as they are), of 4- or 8-byte integers, signed or not;
 the kernels read them through numba_core.key_words.  One block
 per row; block size 256 on a GPU, 32 under the simulator (override with
-DYADIC_NUMBA_TPB, a power of two <= 256).  Correctness, not speed, is this
-backend's job: see numba_kernels.py for the kernel structure.
+DYADIC_NUMBA_TPB, a power of two <= 256).  Rows are on the grid's x dimension:
+min(B, 1024) blocks, each walking rows with a stride of the grid (override the
+block count with DYADIC_NUMBA_BLOCKS, an integer >= 1; results do not depend on
+it), so any batch size that fits in memory runs, and the kernels' scratch has
+one row per block.  Correctness, not speed, is this backend's job: see
+numba_kernels.py for the kernel structure.
+
+The shapes of the arrays are checked here (ValueError on a mismatch: no data is
+read, nothing synchronises); every id in the data (draft ids, sparse q ids) is
+checked by the kernels themselves, which fail that row closed with a status.
 """
 
 import os
@@ -43,6 +51,50 @@ def _tpb():
                              f"{numba_core.MAX_TPB}, got {env!r}")
         return t
     return 32 if _simulator() else 256
+
+
+MAX_BLOCKS = 1024  # enough blocks of 256 threads to fill an H200
+
+
+def _blocks(rows):
+    """The grid size (x dimension) for ``rows`` rows: the kernels stride over rows."""
+    env = os.environ.get("DYADIC_NUMBA_BLOCKS")
+    cap = MAX_BLOCKS
+    if env:
+        cap = int(env)
+        if cap < 1:
+            raise ValueError(f"DYADIC_NUMBA_BLOCKS: expected an integer >= 1, got {env!r}")
+    return max(1, min(rows, cap))
+
+
+def _shape(a):
+    return tuple(int(n) for n in a.shape)
+
+
+def _dim(a, i):
+    """a.shape[i], or -1 where a has no dimension i (the shape check then fails)."""
+    sh = _shape(a)
+    return sh[i] if i < len(sh) else -1
+
+
+def _need(ok, what):
+    if not ok:
+        raise ValueError(f"numba backend: {what}")
+
+
+def _check_keys(keys, rows):
+    for name, a in zip(("seed", "generation", "round", "position"), keys):
+        sh = _shape(a)
+        _need(len(sh) == 1 and sh[0] in (1, rows),
+              f"key field {name}: shape {sh}, expected ({rows},) or (1,)")
+
+
+def _check_rows(rows, **arrays):
+    for name, (a, tail) in arrays.items():
+        if a is None:
+            continue
+        _need(_shape(a) == (rows,) + tail,
+              f"{name}: shape {_shape(a)}, expected {(rows,) + tail}")
 
 
 def _is_device(a):
@@ -100,6 +152,7 @@ class NumbaBackend:
 
     def philox4x32(self, counters, keys, rounds, out):
         n = counters.shape[0]
+        _check_rows(n, counters=(counters, (4,)), keys=(keys, (2,)), out=(out, (4,)))
         outs = _Outs()
         d_out = outs(out)
         tpb = 64
@@ -112,7 +165,17 @@ class NumbaBackend:
 
     def _alloc(self, x, bias, temperature, logits, policy, top_k, do_draw, keys, tokens,
                counts, ids, status):
-        bsz, v = x.shape
+        _need(len(_shape(x)) == 2, f"x: shape {_shape(x)}, expected [B, V]")
+        bsz, v = _shape(x)
+        width = v if ids is None else _dim(counts, 1)
+        _need(width >= 1, f"counts: shape {_shape(counts)}, expected a width >= 1")
+        _check_rows(bsz, temperature=(temperature, ()), tokens=(tokens, ()),
+                    counts=(counts, (width,)), ids=(ids, (width,)), status=(status, ()))
+        if bias is not None:
+            _need(_shape(bias) in ((1, v), (bsz, v)),
+                  f"bias: shape {_shape(bias)}, expected (1, {v}) or ({bsz}, {v})")
+        if keys is not None:
+            _check_keys(keys, bsz)
         if logits:
             xf, xb = _in(x), _dummy(np.uint32, 2)
         else:
@@ -127,8 +190,9 @@ class NumbaBackend:
             z64 = _dummy(np.uint64, 1)
             z32 = _dummy(np.uint32, 1)
             keys = (z64, z32, z32, z32)
-        scratch = [cuda.device_array((bsz, v), dtype=np.uint64) for _ in range(3)]
-        K.alloc_kernel[bsz, _tpb()](
+        blocks = _blocks(bsz)
+        scratch = [cuda.device_array((blocks, v), dtype=np.uint64) for _ in range(3)]
+        K.alloc_kernel[blocks, _tpb()](
             xf, xb, d_bias, int(bias is not None), _in(temperature), int(bool(logits)),
             int(policy), int(top_k), int(do_draw), *keys, d_tokens, d_counts, d_ids,
             int(ids is not None), d_status, *scratch)
@@ -144,17 +208,29 @@ class NumbaBackend:
                     self._keys(seed, generation, round, position), tokens, counts, ids, status)
 
     def draw(self, counts, ids, seed, generation, round, position, tokens):
-        bsz = counts.shape[0]
+        _need(len(_shape(counts)) == 2, f"counts: shape {_shape(counts)}, expected [B, W]")
+        bsz, width = _shape(counts)
+        _check_rows(bsz, ids=(ids, (width,)), tokens=(tokens, ()))
+        _check_keys((seed, generation, round, position), bsz)
         outs = _Outs()
         d_tokens = outs(tokens)
         d_ids = _in(ids) if ids is not None else _dummy(np.int32, 2)
-        K.draw_kernel[bsz, _tpb()](_in(counts), d_ids, int(ids is not None),
-                                   *self._keys(seed, generation, round, position), d_tokens)
+        K.draw_kernel[_blocks(bsz), _tpb()](_in(counts), d_ids, int(ids is not None),
+                                            *self._keys(seed, generation, round, position),
+                                            d_tokens)
         outs.finish()
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
-        bsz, k1, v = target.shape
+        _need(len(_shape(target)) == 3 and _dim(target, 1) >= 1,
+              f"target: shape {_shape(target)}, expected [B, k+1, V]")
+        bsz, k1, v = _shape(target)
+        width = v if q_counts is None or q_ids is None else _dim(q_counts, 2)
+        _need(q_ids is None or q_counts is not None, "q_ids without q_counts")
+        _check_rows(bsz, draft=(draft, (k1 - 1,)), q_counts=(q_counts, (k1 - 1, width)),
+                    q_ids=(q_ids, (k1 - 1, width)), greedy=(greedy, ()),
+                    accepted=(accepted, ()), tokens=(tokens, (k1,)), status=(status, ()))
+        _check_keys((seed, generation, round, position), bsz)
         if q_counts is None:
             qmode, d_qc, d_qi = 0, _dummy(np.uint32, 3), _dummy(np.int32, 3)
         elif q_ids is None:
@@ -163,11 +239,12 @@ class NumbaBackend:
             qmode, d_qc, d_qi = 2, _in(q_counts), _in(q_ids)
         outs = _Outs()
         d_acc, d_tok, d_st = outs(accepted), outs(tokens), outs(status)
-        tot = cuda.device_array((bsz, k1), dtype=np.uint64)
-        rh = cuda.device_array((bsz, v), dtype=np.uint64)
-        rl = cuda.device_array((bsz, v), dtype=np.uint64)
-        qd = cuda.device_array((bsz, v if qmode == 2 else 1), dtype=np.uint32)
-        K.verify_kernel[bsz, _tpb()](
+        blocks = _blocks(bsz)
+        tot = cuda.device_array((blocks, k1), dtype=np.uint64)
+        rh = cuda.device_array((blocks, v), dtype=np.uint64)
+        rl = cuda.device_array((blocks, v), dtype=np.uint64)
+        qd = cuda.device_array((blocks, v if qmode == 2 else 1), dtype=np.uint32)
+        K.verify_kernel[blocks, _tpb()](
             _in(target, np.uint32), _in(draft), d_qc, d_qi, qmode, _in(greedy),
             *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, tot, rh, rl, qd)
         outs.finish()

@@ -1,5 +1,20 @@
 """Numba-CUDA kernels of the ``numba`` backend (one block per row).
 
+Rows are on the grid's x dimension and each block walks rows
+``blockIdx.x, blockIdx.x + gridDim.x, ...`` (a grid-stride loop), so any batch
+size works whatever grid the host launches; the per-row scratch arrays have
+one row per block (indexed by ``blockIdx.x``), not one per batch row.
+
+Every id read from the data is checked in the kernel before it addresses
+memory, and a row that breaks a rule fails closed (outputs -1), in the order of
+``dyadic.reference.sampling.verify_row``: target rows (TARGET_*), draft ids in
+[0, V) (DRAFT_OUT_OF_RANGE, greedy requests too), then for non-greedy requests
+the q rows (Q_INVALID: a sparse row breaking a Dyadic rule, a dense count above
+2**24 at a draft), q_i(d_i) > 0 (Q_ZERO_AT_DRAFT), and a dense row that the
+residual reads in full must sum to 2**24 (Q_INVALID).  ``draw_kernel`` gives -1
+for a sparse row that is not a Dyadic row over [0, 2**24).  A failed allocate /
+propose row gets counts 0, ids PAD_ID and token -1 besides its status.
+
 ``alloc_kernel`` does allocate and propose: validation and the row maximum
 (block reductions), integer weights, top-k support (radix select on an
 order-preserving key, ties to the lowest id by a block scan), the integer sum,
@@ -7,7 +22,7 @@ floor + largest remainders (radix select on the remainders) or floor-first,
 the sparse compaction (block scan) and the proposal draw (chunk scan).
 ``verify_kernel`` checks all k+1 target rows (128-bit sums), walks the
 acceptance chain, and builds the residual only for the row that needs it.
-Scratch rows live in global memory (one row per block).
+Scratch rows live in global memory (one row per block of the grid).
 """
 
 import math
@@ -33,13 +48,15 @@ X_NAN, X_POSINF, X_NEGATIVE = _status.X_NAN, _status.X_POSINF, _status.X_NEGATIV
 X_ZERO_MASS, ALLOC_INCONSISTENT = _status.X_ZERO_MASS, _status.ALLOC_INCONSISTENT
 TARGET_INVALID_VALUE, TARGET_SUM = _status.TARGET_INVALID_VALUE, _status.TARGET_SUM
 Q_ZERO_AT_DRAFT, RNG_EXHAUSTED = _status.Q_ZERO_AT_DRAFT, _status.RNG_EXHAUSTED
+DRAFT_OUT_OF_RANGE, Q_INVALID = _status.DRAFT_OUT_OF_RANGE, _status.Q_INVALID
+MAX_ID = _spec.MAX_VOCAB  # a sparse id of any Dyadic lies in [0, MAX_VOCAB)
 U31 = U(31)
 
 
 @cuda.jit
 def philox_kernel(counters, keys, rounds, out):
-    i = cuda.grid(1)
-    stride = cuda.gridsize(1)
+    i = np.int64(cuda.grid(1))
+    stride = np.int64(cuda.gridsize(1))
     while i < counters.shape[0]:
         c0, c1, c2, c3 = philox(U(counters[i, 0]), U(counters[i, 1]), U(counters[i, 2]),
                                 U(counters[i, 3]), U(keys[i, 0]), U(keys[i, 1]), rounds)
@@ -71,19 +88,25 @@ def prob_code(bits):
     return 0
 
 
-@cuda.jit
-def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw,
-                 seed, gen, rnd, pos, tokens, counts, ids, sparse, status, W, KEY, CNT):
-    b = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    tpb = cuda.blockDim.x
+@cuda.jit(device=True)
+def alloc_fail(counts, ids, sparse, tokens, do_draw, status, b, st, tid, tpb):
+    """A failed allocate / propose row: status st, counts 0, ids PAD_ID, token -1."""
+    for j in range(tid, counts.shape[1], tpb):
+        counts[b, j] = 0
+        if sparse:
+            ids[b, j] = PAD_ID
+    if tid == 0:
+        status[b] = st
+        if do_draw:
+            tokens[b] = -1
+
+
+@cuda.jit(device=True)
+def alloc_row(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw,
+              seed, gen, rnd, pos, tokens, counts, ids, sparse, status, W, KEY, CNT,
+              b, s, sh_k, sh_i, sh_h, sh_l, sh_hist, sh_misc, tid, tpb):
+    """Row b of alloc_kernel; s is the block's scratch row of W, KEY and CNT."""
     n = KEY.shape[1]
-    sh_k = cuda.shared.array(MAX_TPB, np.uint64)
-    sh_i = cuda.shared.array(MAX_TPB, np.int64)
-    sh_h = cuda.shared.array(MAX_TPB, np.uint64)
-    sh_l = cuda.shared.array(MAX_TPB, np.uint64)
-    sh_hist = cuda.shared.array(256, np.int32)
-    sh_misc = cuda.shared.array(4, np.int64)
 
     t = np.float64(temp[b])
     zero_temp = do_draw != 0 and t == 0.0
@@ -100,7 +123,7 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
             code = logit_code(z)
             if code == 0:
                 key = f64_key(z)
-                KEY[b, v] = key
+                KEY[s, v] = key
                 if z > -math.inf and key > best_k:
                     best_k = key
                     best_i = v
@@ -109,7 +132,7 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
             code = prob_code(bits)
             if code == 0:
                 key = bits & F32_MAG
-                KEY[b, v] = key
+                KEY[s, v] = key
                 if key > best_k:
                     best_k = key
                     best_i = v
@@ -128,10 +151,7 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
         if arg >= n:
             st = X_ZERO_MASS
     if st != 0:
-        if tid == 0:
-            status[b] = st
-            if do_draw:
-                tokens[b] = -1
+        alloc_fail(counts, ids, sparse, tokens, do_draw, status, b, st, tid, tpb)
         return
 
     width = counts.shape[1]
@@ -153,80 +173,75 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
         zmax = effective_logit(xf, bias, has_bias, b, brow, arg, tt)
         for v in range(tid, n, tpb):
             z = effective_logit(xf, bias, has_bias, b, brow, v, tt)
-            W[b, v] = weight_from_gap(zmax - z)
+            W[s, v] = weight_from_gap(zmax - z)
     else:
         _, emax = f32_mant_exp(U(xbits[b, arg]) & F32_MAG)
         for v in range(tid, n, tpb):
             m, e = f32_mant_exp(U(xbits[b, v]) & F32_MAG)
-            W[b, v] = shift_floor(m, e - emax + 15) if m > U0 else U0
+            W[s, v] = shift_floor(m, e - emax + 15) if m > U0 else U0
     cuda.syncthreads()
 
     # top-k support: weights outside it become 0 (same allocation, see allocation.py)
     if top_k > 0 and top_k < n:
-        thr, take = radix_select(KEY, b, n, top_k, sh_hist, sh_misc, tid, tpb)
-        apply_select(KEY, W, b, n, thr, take, 0, sh_h, sh_l, tid, tpb)
+        thr, take = radix_select(KEY, s, n, top_k, sh_hist, sh_misc, tid, tpb)
+        apply_select(KEY, W, s, n, thr, take, 0, sh_h, sh_l, tid, tpb)
 
     # S = sum of weights (< 2**63)
     sh_, sl_ = U0, U0
     for v in range(tid, n, tpb):
-        sl_ = sl_ + W[b, v]  # a thread's partial sum of < 2**63 weights cannot wrap
+        sl_ = sl_ + W[s, v]  # a thread's partial sum of < 2**63 weights cannot wrap
     s_h, s_l = block_sum128(U0, sl_, sh_h, sh_l, tid, tpb)
     if s_l == U0:
-        if tid == 0:
-            status[b] = X_ZERO_MASS
-            if do_draw:
-                tokens[b] = -1
+        alloc_fail(counts, ids, sparse, tokens, do_draw, status, b, X_ZERO_MASS, tid, tpb)
         return
 
     # floor and remainders
     base_sum = U0
     for v in range(tid, n, tpb):
-        p = W[b, v] << U24
+        p = W[s, v] << U24
         q = p // s_l
-        CNT[b, v] = q
-        KEY[b, v] = p - q * s_l
+        CNT[s, v] = q
+        KEY[s, v] = p - q * s_l
         base_sum = base_sum + q
     bh, bl = block_sum128(U0, base_sum, sh_h, sh_l, tid, tpb)
     if bh != U0 or bl > TOTAL or bl == U0:
-        if tid == 0:
-            status[b] = ALLOC_INCONSISTENT
-            if do_draw:
-                tokens[b] = -1
+        alloc_fail(counts, ids, sparse, tokens, do_draw, status, b, ALLOC_INCONSISTENT, tid, tpb)
         return
     remaining = TOTAL - bl
     if remaining > U0:
         if policy == 0:
-            thr, take = radix_select(KEY, b, n, np.int64(remaining), sh_hist, sh_misc, tid, tpb)
-            apply_select(KEY, CNT, b, n, thr, take, 1, sh_h, sh_l, tid, tpb)
+            thr, take = radix_select(KEY, s, n, np.int64(remaining), sh_hist, sh_misc, tid, tpb)
+            apply_select(KEY, CNT, s, n, thr, take, 1, sh_h, sh_l, tid, tpb)
         else:
             if tid == 0:
-                CNT[b, arg] = CNT[b, arg] + remaining
+                CNT[s, arg] = CNT[s, arg] + remaining
             cuda.syncthreads()
 
     # final check: counts sum to exactly 2**24
     csum = U0
     nnz = U0
     for v in range(tid, n, tpb):
-        csum = csum + CNT[b, v]
+        csum = csum + CNT[s, v]
     ch, cl = block_sum128(U0, csum, sh_h, sh_l, tid, tpb)
     if ch != U0 or cl != TOTAL:
-        if tid == 0:
-            status[b] = ALLOC_INCONSISTENT
-            if do_draw:
-                tokens[b] = -1
+        alloc_fail(counts, ids, sparse, tokens, do_draw, status, b, ALLOC_INCONSISTENT, tid, tpb)
         return
 
     # outputs
     if sparse:
         lo, hi = chunk_of(n, tid, tpb)
         for v in range(lo, hi):
-            if CNT[b, v] > U0:
+            if CNT[s, v] > U0:
                 nnz += U1
         _, off = block_exscan128(U0, nnz, sh_h, sh_l, tid, tpb)
         _, total_nnz = block_sum128(U0, nnz, sh_h, sh_l, tid, tpb)
+        if total_nnz > U(width):  # more support than the output row holds: refuse
+            alloc_fail(counts, ids, sparse, tokens, do_draw, status, b, ALLOC_INCONSISTENT,
+                       tid, tpb)
+            return
         j = np.int64(off)
         for v in range(lo, hi):
-            c = CNT[b, v]
+            c = CNT[s, v]
             if c > U0:
                 ids[b, j] = v
                 counts[b, j] = c
@@ -236,11 +251,11 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
             counts[b, j] = 0
     else:
         for v in range(tid, n, tpb):
-            counts[b, v] = CNT[b, v]
+            counts[b, v] = CNT[s, v]
     if do_draw:
         ks, kg, kr, kp = key_words(seed, gen, rnd, pos, b)
         r = draw_block(ks, kg, kr, kp, DOMAIN_PROPOSAL, 0)[0] >> U8
-        tok = first_exceeding(CNT, CNT, False, b, n, U0, r, sh_h, sh_l, sh_k, sh_i, tid, tpb)
+        tok = first_exceeding(CNT, CNT, False, s, n, U0, r, sh_h, sh_l, sh_k, sh_i, tid, tpb)
         if tid == 0:
             tokens[b] = tok
     if tid == 0:
@@ -248,25 +263,96 @@ def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw
 
 
 @cuda.jit
-def draw_kernel(counts, ids, sparse, seed, gen, rnd, pos, tokens):
-    b = cuda.blockIdx.x
+def alloc_kernel(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw,
+                 seed, gen, rnd, pos, tokens, counts, ids, sparse, status, W, KEY, CNT):
     tid = cuda.threadIdx.x
     tpb = cuda.blockDim.x
     sh_k = cuda.shared.array(MAX_TPB, np.uint64)
     sh_i = cuda.shared.array(MAX_TPB, np.int64)
     sh_h = cuda.shared.array(MAX_TPB, np.uint64)
     sh_l = cuda.shared.array(MAX_TPB, np.uint64)
+    sh_hist = cuda.shared.array(256, np.int32)
+    sh_misc = cuda.shared.array(4, np.int64)
+    s = np.int64(cuda.blockIdx.x)
+    b = s
+    while b < status.shape[0]:
+        alloc_row(xf, xbits, bias, has_bias, temp, logits, policy, top_k, do_draw,
+                  seed, gen, rnd, pos, tokens, counts, ids, sparse, status, W, KEY, CNT,
+                  b, s, sh_k, sh_i, sh_h, sh_l, sh_hist, sh_misc, tid, tpb)
+        cuda.syncthreads()
+        b += np.int64(cuda.gridDim.x)
+
+
+@cuda.jit(device=True)
+def sparse_entry_bad(t, c, prev, j, hi):
+    """Whether entry j (id t, count c; prev = id of entry j - 1) breaks a rule of a
+    sparse Dyadic row over [0, hi): valid ids strictly ascending in [0, hi), then
+    padding (PAD_ID, count 0) to the end of the row.  Testing every entry against
+    its predecessor tests the whole row."""
+    if t == PAD_ID:
+        return c != U0
+    if t < 0 or t >= hi:
+        return True
+    return j > 0 and (prev == PAD_ID or prev >= t)  # padding before it, or not ascending
+
+
+@cuda.jit(device=True)
+def sparse_verdict(bad, csum, sh_k, sh_i, sh_h, sh_l, tid, tpb):
+    """1 if any thread saw a bad entry or the counts do not sum to 2**24, else 0
+    (block-wide; counts are unsigned, so a count above 2**24 fails the sum)."""
+    k, _ = block_argmax(bad, 0, sh_k, sh_i, tid, tpb)
+    ch, cl = block_sum128(U0, csum, sh_h, sh_l, tid, tpb)
+    if k != U0 or ch != U0 or cl != TOTAL:
+        return U1
+    return U0
+
+
+@cuda.jit(device=True)
+def draw_row_bad(counts, ids, b, sh_k, sh_i, sh_h, sh_l, tid, tpb):
+    """sparse_verdict of sparse row b of draw (ids bounded by MAX_ID: draw has no V)."""
+    bad = U0
+    csum = U0
+    for j in range(tid, ids.shape[1], tpb):
+        c = U(counts[b, j])
+        csum = csum + c  # < W * 2**32 <= 2**56: no wrap
+        if sparse_entry_bad(ids[b, j], c, ids[b, j - 1] if j > 0 else PAD_ID, j, MAX_ID):
+            bad = U1
+    return sparse_verdict(bad, csum, sh_k, sh_i, sh_h, sh_l, tid, tpb)
+
+
+@cuda.jit(device=True)
+def draw_row(counts, ids, sparse, seed, gen, rnd, pos, tokens, b, sh_k, sh_i, sh_h, sh_l,
+             tid, tpb):
     ks, kg, kr, kp = key_words(seed, gen, rnd, pos, b)
     r = draw_block(ks, kg, kr, kp, DOMAIN_PROPOSAL, 0)[0] >> U8
     j = first_exceeding(counts, counts, False, b, counts.shape[1], U0, r,
                         sh_h, sh_l, sh_k, sh_i, tid, tpb)
+    bad = U0
+    if sparse:
+        bad = draw_row_bad(counts, ids, b, sh_k, sh_i, sh_h, sh_l, tid, tpb)
     if tid == 0:
-        if j < 0:
+        if j < 0 or bad != U0:
             tokens[b] = -1
         elif sparse:
             tokens[b] = ids[b, j]
         else:
             tokens[b] = j
+
+
+@cuda.jit
+def draw_kernel(counts, ids, sparse, seed, gen, rnd, pos, tokens):
+    tid = cuda.threadIdx.x
+    tpb = cuda.blockDim.x
+    sh_k = cuda.shared.array(MAX_TPB, np.uint64)
+    sh_i = cuda.shared.array(MAX_TPB, np.int64)
+    sh_h = cuda.shared.array(MAX_TPB, np.uint64)
+    sh_l = cuda.shared.array(MAX_TPB, np.uint64)
+    b = np.int64(cuda.blockIdx.x)
+    while b < tokens.shape[0]:
+        draw_row(counts, ids, sparse, seed, gen, rnd, pos, tokens, b, sh_k, sh_i, sh_h, sh_l,
+                 tid, tpb)
+        cuda.syncthreads()
+        b += np.int64(cuda.gridDim.x)
 
 
 @cuda.jit(device=True)
@@ -301,20 +387,27 @@ def q_at(qc, qi, qmode, b, i, d, sh_k, sh_i, tid, tpb):
     return U(qc[b, i, j])
 
 
-@cuda.jit
-def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
-                  accepted, tokens, status, TOT, RH, RL, QD):
-    b = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    tpb = cuda.blockDim.x
+@cuda.jit(device=True)
+def q_row_bad(qc, qi, b, i, n, sh_k, sh_i, sh_h, sh_l, tid, tpb):
+    """sparse_verdict of sparse q row (b, i) over [0, n)."""
+    bad = U0
+    csum = U0
+    for j in range(tid, qc.shape[2], tpb):
+        c = U(qc[b, i, j])
+        csum = csum + c  # < W * 2**32 <= 2**56: no wrap
+        if sparse_entry_bad(qi[b, i, j], c, qi[b, i, j - 1] if j > 0 else PAD_ID, j, n):
+            bad = U1
+    return sparse_verdict(bad, csum, sh_k, sh_i, sh_h, sh_l, tid, tpb)
+
+
+@cuda.jit(device=True)
+def verify_row(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
+               accepted, tokens, status, TOT, RH, RL, QD, b, s,
+               sh_k, sh_i, sh_h, sh_l, sh_misc, tid, tpb):
+    """Request b of verify_kernel; s is the block's scratch row of TOT, RH, RL, QD."""
     k1 = tbits.shape[1]
     k = k1 - 1
     n = tbits.shape[2]
-    sh_k = cuda.shared.array(MAX_TPB, np.uint64)
-    sh_i = cuda.shared.array(MAX_TPB, np.int64)
-    sh_h = cuda.shared.array(MAX_TPB, np.uint64)
-    sh_l = cuda.shared.array(MAX_TPB, np.uint64)
-    sh_misc = cuda.shared.array(4, np.uint64)
     g = greedy[b] != 0
     sd, ge, ro, p0 = key_words(seed, gen, rnd, pos, b)
 
@@ -341,16 +434,29 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
             st = TARGET_SUM
             break
         if tid == 0:
-            TOT[b, i] = tl
+            TOT[s, i] = tl
+    # then, in this order (sampling.verify_row): every draft id in [0, V), greedy
+    # requests too; for non-greedy requests every q row (a sparse row in full, a dense
+    # row at its draft: a count <= 2**24), then q_i(d_i) > 0.  Nothing is read at a
+    # draft id or addressed by a q id before its check.
     if st == 0:
         for i in range(k):
             d = draft[b, i]
-            # a draft id outside [0, V) fails the request closed before any read at it
-            # (check=False on device arrays; the host path raises first)
             if d < 0 or d >= n:
-                st = Q_ZERO_AT_DRAFT
+                st = DRAFT_OUT_OF_RANGE
                 break
-            if not g and q_at(qc, qi, qmode, b, i, d, sh_k, sh_i, tid, tpb) == U0:
+    if st == 0 and not g and qmode != 0:
+        for i in range(k):
+            if qmode == 1:
+                bad = U(qc[b, i, draft[b, i]]) > TOTAL
+            else:
+                bad = q_row_bad(qc, qi, b, i, n, sh_k, sh_i, sh_h, sh_l, tid, tpb) != U0
+            if bad:
+                st = Q_INVALID
+                break
+    if st == 0 and not g:
+        for i in range(k):
+            if q_at(qc, qi, qmode, b, i, draft[b, i], sh_k, sh_i, tid, tpb) == U0:
                 st = Q_ZERO_AT_DRAFT
                 break
     if st != 0:
@@ -376,7 +482,7 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
         # acceptance test (thread 0), result broadcast through shared memory
         c = q_at(qc, qi, qmode, b, i, d, sh_k, sh_i, tid, tpb)
         if tid == 0:
-            total = TOT[b, i]
+            total = TOT[s, i]
             pd, _ = target_fixed(U(tbits[b, i, d]))
             acc_ok, rng_ok = accept_decision(pd, total, c, sd, ge, ro, p0 + U(i),
                                              DOMAIN_ACCEPTANCE)
@@ -393,25 +499,27 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
             continue
         acc = i
         # residual R_v = max(P_v 2^24 - c_v T, 0) over the full vocabulary
-        total = TOT[b, i]
+        total = TOT[s, i]
         if qmode == 2:
             for v in range(tid, n, tpb):
-                QD[b, v] = 0
+                QD[s, v] = 0
             cuda.syncthreads()
             for j in range(tid, qc.shape[2], tpb):
                 t_id = qi[b, i, j]
-                if t_id >= 0:
-                    QD[b, t_id] = qc[b, i, j]
+                if t_id >= 0 and t_id < n:  # padding is skipped
+                    QD[s, t_id] = qc[b, i, j]
             cuda.syncthreads()
         sh_, sl_ = U0, U0
+        qsum = U0
         for v in range(tid, n, tpb):
             p, _ = target_fixed(U(tbits[b, i, v]))
             if qmode == 0:
                 c = TOTAL if v == d else U0
             elif qmode == 1:
                 c = U(qc[b, i, v])
+                qsum = qsum + c  # < V * 2**32 <= 2**56: no wrap
             else:
-                c = U(QD[b, v])
+                c = U(QD[s, v])
             mh, ml = mul64(c, total)
             ph = p >> U40
             pl = p << U24
@@ -419,11 +527,17 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
                 rh, rl = sub128(ph, pl, mh, ml)
             else:
                 rh, rl = U0, U0
-            RH[b, v] = rh
-            RL[b, v] = rl
+            RH[s, v] = rh
+            RL[s, v] = rl
             sh_, sl_ = add128(sh_, sl_, rh, rl)
         s_h, s_l = block_sum128(sh_, sl_, sh_h, sh_l, tid, tpb)
-        tok = draw_from(RH, RL, True, b, n, s_h, s_l, sd, ge, ro, p0 + U(i),
+        if qmode == 1:
+            # the residual reads the dense row in full: it must be a Dyadic row
+            qh, ql = block_sum128(U0, qsum, sh_h, sh_l, tid, tpb)
+            if qh != U0 or ql != TOTAL:
+                st = Q_INVALID
+                break
+        tok = draw_from(RH, RL, True, s, n, s_h, s_l, sd, ge, ro, p0 + U(i),
                         sh_h, sh_l, sh_k, sh_i, sh_misc, tid, tpb)
         if tok < 0:
             st = RNG_EXHAUSTED
@@ -434,9 +548,9 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
         else:
             for v in range(tid, n, tpb):
                 p, _ = target_fixed(U(tbits[b, k, v]))
-                RL[b, v] = p
+                RL[s, v] = p
             cuda.syncthreads()
-            tok = draw_from(RL, RL, False, b, n, U0, TOT[b, k], sd, ge, ro, p0 + U(k),
+            tok = draw_from(RL, RL, False, s, n, U0, TOT[s, k], sd, ge, ro, p0 + U(k),
                             sh_h, sh_l, sh_k, sh_i, sh_misc, tid, tpb)
             if tok < 0:
                 st = RNG_EXHAUSTED
@@ -457,6 +571,26 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
     if tid == 0:
         accepted[b] = acc
         status[b] = 0
+
+
+@cuda.jit
+def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
+                  accepted, tokens, status, TOT, RH, RL, QD):
+    tid = cuda.threadIdx.x
+    tpb = cuda.blockDim.x
+    sh_k = cuda.shared.array(MAX_TPB, np.uint64)
+    sh_i = cuda.shared.array(MAX_TPB, np.int64)
+    sh_h = cuda.shared.array(MAX_TPB, np.uint64)
+    sh_l = cuda.shared.array(MAX_TPB, np.uint64)
+    sh_misc = cuda.shared.array(4, np.uint64)
+    s = np.int64(cuda.blockIdx.x)
+    b = s
+    while b < status.shape[0]:
+        verify_row(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
+                   accepted, tokens, status, TOT, RH, RL, QD, b, s,
+                   sh_k, sh_i, sh_h, sh_l, sh_misc, tid, tpb)
+        cuda.syncthreads()
+        b += np.int64(cuda.gridDim.x)
 
 
 @cuda.jit(device=True)
