@@ -9,7 +9,7 @@ batch equal the CPU backend, bit for bit (the CPU backend is run on those rows
 only, with the same arguments: rows are independent).
 
 The kernels stride over rows, so the grid does not limit the batch:
-``DYADIC_NUMBA_BLOCKS`` sets the number of blocks and the results must not
+``numba_backend.MAX_BLOCKS`` caps the number of blocks and the results must not
 change.  ``test_gpu_large_batch`` (GPU only) runs every primitive at
 B x k = 100001 rows, above the 65535 blocks a y or z grid dimension holds.
 """
@@ -389,10 +389,15 @@ def assert_all_equal(out):
                 np.testing.assert_array_equal(a, e, err_msg=key)
 
 
+def _numba_backend_module():
+    from dyadic.backends.cuda import numba_backend
+    return numba_backend
+
+
 def test_grid_does_not_limit_rows(monkeypatch):
-    """Fewer blocks than rows (DYADIC_NUMBA_BLOCKS=2, 5 rows): every primitive still
+    """Fewer blocks than rows (at most 2 blocks, 5 rows): every primitive still
     covers every row, with the CPU backend's results."""
-    monkeypatch.setenv("DYADIC_NUMBA_BLOCKS", "2")
+    monkeypatch.setattr(_numba_backend_module(), "MAX_BLOCKS", 2)
     rng = np.random.default_rng(7)
     out = _all_primitives(rng, 5, 9, 3, 1)
     assert (out["numba"]["verify"][0] < 1).any()  # a rejection: the residual ran
@@ -402,13 +407,13 @@ def test_grid_does_not_limit_rows(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(NUMBA is not None and _simulator(),
                     reason="numba runs the CUDA simulator here (no GPU)")
-@pytest.mark.parametrize("blocks", [None, "131072"])
+@pytest.mark.parametrize("blocks", [None, 131072])
 def test_gpu_large_batch(monkeypatch, blocks):
     """Every primitive at B x k = 100001 rows (allocate, propose, draw: B = 100001;
     verify: 100001 requests of depth 1) == the CPU backend: rows on the grid's x
     dimension (131072 blocks) or strided over the default grid."""
     if blocks:
-        monkeypatch.setenv("DYADIC_NUMBA_BLOCKS", blocks)
+        monkeypatch.setattr(_numba_backend_module(), "MAX_BLOCKS", blocks)
     rng = np.random.default_rng(8)
     n = 100001
     out = _all_primitives(rng, n, 16, 4, 1)

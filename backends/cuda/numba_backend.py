@@ -8,10 +8,9 @@ length-1 device keys as they are), of 4- or 8-byte integers, signed or not;
 the kernels read them through numba_core.key_words.  One block
 per row; block size 256 on a GPU, 32 under the simulator (override with
 DYADIC_NUMBA_TPB, a power of two <= 256).  Rows are on the grid's x dimension:
-min(B, 1024) blocks, each walking rows with a stride of the grid (override the
-block count with DYADIC_NUMBA_BLOCKS, an integer >= 1; results do not depend on
-it), so any batch size that fits in memory runs, and the kernels' scratch has
-one row per block.  Correctness, not speed, is this backend's job: see
+min(B, MAX_BLOCKS) blocks, each walking rows with a stride of the grid (results
+do not depend on the block count), so any batch size that fits in memory runs,
+and the kernels' scratch has one row per block.  Correctness, not speed, is this backend's job: see
 numba_kernels.py for the kernel structure.
 
 The shapes of the arrays are checked here (ValueError on a mismatch: no data is
@@ -58,13 +57,7 @@ MAX_BLOCKS = 1024  # enough blocks of 256 threads to fill an H200
 
 def _blocks(rows):
     """The grid size (x dimension) for ``rows`` rows: the kernels stride over rows."""
-    env = os.environ.get("DYADIC_NUMBA_BLOCKS")
-    cap = MAX_BLOCKS
-    if env:
-        cap = int(env)
-        if cap < 1:
-            raise ValueError(f"DYADIC_NUMBA_BLOCKS: expected an integer >= 1, got {env!r}")
-    return max(1, min(rows, cap))
+    return max(1, min(rows, MAX_BLOCKS))
 
 
 def _shape(a):
