@@ -119,6 +119,17 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         largest-value token).
     backend : str
         "cpu", "reference", "cuda" or "numba".
+    check : bool
+        True (default): a row that breaks a data rule raises ValueError naming
+        the row, the rule and its status code.  False: that row fails closed
+        (outputs -1, counts 0) with its status code in ``out["status"]``;
+        every other row is computed as without it; nothing raises for data
+        (shape, dtype and argument errors still raise).
+    out : dict, optional
+        Preallocated outputs by name (``counts`` [B, W], ``ids`` [B, W] when
+        sparse, ``status`` int32 [B]; B the flattened batch), each exactly the
+        shape and dtype returned; NumPy arrays or torch CPU tensors on the host, device
+        tensors on a GPU backend.  They are written and returned.
 
     Returns
     -------
@@ -188,6 +199,11 @@ def draw(q, keys, *, backend="cpu", check=True, out=None):
     ----------
     q : Dyadic, batch shape (B,) (or any shape; rows are flattened in C order)
     keys : Keys broadcast over the B rows.
+    check : bool
+        Accepted for symmetry (a Dyadic is valid by construction); a row that
+        is not a valid Dyadic row anyway draws -1.
+    out : dict, optional
+        ``{"tokens": int32 [B]}`` preallocated, written and returned.
 
     Returns int32 tokens of shape ``q.batch_shape``.
     """
@@ -223,6 +239,17 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
         >= 0; a row with temperature 0 returns its argmax of x + bias (ties:
         lowest id) with q the point mass on it, and consumes no randomness.
     bias, top_k, policy : as in ``allocate`` (top_k=None gives dense q).
+    check : bool
+        True (default): a row that breaks a data rule raises ValueError naming
+        the row, the rule and its status code.  False: that row fails closed
+        (outputs -1, counts 0) with its status code in ``out["status"]``;
+        every other row is computed as without it; nothing raises for data
+        (shape, dtype and argument errors still raise).
+    out : dict, optional
+        Preallocated outputs by name (``tokens`` int32 [B], ``counts``,
+        ``ids``, ``status`` int32 [B]), each exactly the shape and dtype
+        returned; NumPy arrays or torch CPU tensors on the host, device
+        tensors on a GPU backend.  They are written and returned.
 
     Returns
     -------
@@ -283,14 +310,23 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         Rows verified against the target argmax (ties: lowest id): accept
         while d_i == argmax p_i, then emit argmax; no randomness.
     check : True, False or "lazy"
-        GPU arrays only (dyadic/_device.py); host arrays are always
-        validated in full and raise.  "lazy" reads and validates only the
-        target data the decisions need (see dyadic/_device.py); results on
-        valid input are identical in every mode.
+        True (default): the first request that breaks a rule raises
+        ValueError naming the row, the rule and its status code.  False: that
+        request fails closed (accepted 0, tokens -1) with its code in
+        ``Verdict.status``; the other requests are computed as without it; a
+        draft id outside [0, V) is such a data error (DRAFT_OUT_OF_RANGE).
+        "lazy" (GPU arrays on backend "cuda") reads and validates only the
+        target data the decisions need (dyadic/_device.py); elsewhere it
+        validates everything, as False.  Results on valid input are identical
+        in every mode.
+    out : dict, optional
+        Preallocated ``accepted`` int32 [B], ``tokens`` int32 [B, k+1],
+        ``status`` int32 [B], written and returned.
 
     Returns
     -------
-    Verdict(accepted int32 [B], tokens int32 [B, k+1]).
+    Verdict(accepted int32 [B], tokens int32 [B, k+1], status int32 [B] or None
+    with check=True).
     """
     if check is not True and check is not False:
         check = _validate.check_mode(check, lazy=True)
