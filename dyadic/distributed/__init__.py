@@ -2,7 +2,9 @@
 
 Each rank passes its contiguous slice of the vocabulary; every rank gets what
 the unsharded ``dyadic.propose`` / ``dyadic.verify`` return on the
-concatenated vocabulary, bit for bit (docs/distributed.md).  Importing this
+concatenated vocabulary, bit for bit (docs/distributed.md).  A failed call
+fails on every rank with the same error: ``ValueError`` / ``TypeError`` as
+they were raised, anything else as ``DistributedError``.  Importing this
 module imports torch; ``import dyadic`` does not.
 """
 
@@ -10,6 +12,7 @@ import torch  # noqa: F401  (optional dependency: fail here, not mid-call)
 import torch.distributed  # noqa: F401
 
 from . import _core
+from ._comm import DistributedError
 from ._core import DyadicShard, ExchangeStats, propose, verify
 
 
@@ -19,4 +22,5 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["propose", "verify", "DyadicShard", "ExchangeStats", "last_exchange"]
+__all__ = ["propose", "verify", "DyadicShard", "DistributedError", "ExchangeStats",
+           "last_exchange"]

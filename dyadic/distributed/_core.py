@@ -2,9 +2,30 @@
 
 Every rank holds a contiguous slice [vocab_offset, vocab_offset + n) of the
 vocabulary.  Ranks exchange only small, exact integer summaries through
-``Comm``; every decision that needs global information is a pure function of
+``Comm`` (``_comm`` holds the protocol that keeps the ranks of a call in
+step); every decision that needs global information is a pure function of
 data that all ranks hold identically after a collective, so every rank takes
 it identically, and the result equals the unsharded reference bit for bit.
+
+Collectives of a successful call (a failed call adds one error round):
+
+* propose with ``top_k``: 3 (header, candidates, closing).
+* dense propose: header, candidates, weight sums, floor sums (with the first
+  radix histogram), one histogram per further radix digit (standard policy,
+  8 bits a digit), tie counts, count sums, the owner's token, closing: 8 plus
+  the radix digits; 3 when every row is greedy.
+* verify: header, round-1 summaries, residual / bonus masses and the owner's
+  token (when a row is not greedy), closing: 5; 3 when every row is greedy.
+
+Two of them are agreements: the header (fixed size, ``_comm.HEADER_WORDS``
+int64 per rank: call number, operation, error code, every replicated
+argument) and the closing round (max of the failure flag and, with
+``check=True``, of the tokens and their negation), which follows all of the
+call's local work, outputs included.  Every other collective carries a
+one-element failure flag.  So an exception on any rank, of any type, anywhere
+in a call makes every rank raise the same error after the next collective
+(``_comm.Comm.fail``), and a rank that left an earlier call without its
+collectives is caught by the call numbers of the next header.
 """
 
 import zlib
@@ -17,7 +38,7 @@ from .._types import Dyadic, Keys, Verdict
 from ..reference import allocation, philox, sampling
 from ..reference.fixedpoint import weight_from_gap
 from . import _intmath as im
-from ._comm import Comm
+from ._comm import Comm, close_plan, gather_plan, reduce_plan
 
 TOTAL = _spec.TOTAL
 U64 = np.uint64
@@ -46,25 +67,100 @@ last_exchange = None
 class DyadicShard:
     """This rank's slice of a dense dyadic q: counts [..., n] for ids [offset, offset + n).
 
+    Parameters
+    ----------
+    counts : uint32 array [..., n] (NumPy, torch CPU or CUDA)
+        Ticket counts of ids ``vocab_offset + j``; each entry and each row's sum
+        over the shard are <= 2**24.  ``n`` may be 0 (an empty shard).
+    vocab_offset, vocab_size : int
+        The slice's first global id and the full V (1 <= V <= 2**24,
+        0 <= vocab_offset <= vocab_offset + n <= V).
+    policy : "standard", "floor-first" or "external".
+
     The concatenation over ranks (in id order) is the dense ``Dyadic`` that the
-    unsharded call returns; ``verify`` takes the shard directly.
+    unsharded call returns; ``verify`` takes the shard directly and checks that
+    every row sums to exactly 2**24 over the shards (every rank raises the same
+    ``ValueError`` otherwise).  The constructor copies ``counts`` and validates
+    the copy (``ValueError`` / ``TypeError`` naming the argument, the row and
+    the rule); the stored NumPy array is read-only and the shard is immutable.
+    ``verify`` validates the counts it receives again (one pass), so no shard
+    reaches the arithmetic unchecked.
     """
 
-    __slots__ = ("counts", "vocab_offset", "vocab_size", "policy")
+    __slots__ = ("_counts", "_vocab_offset", "_vocab_size", "_policy")
 
     def __init__(self, counts, vocab_offset, vocab_size, policy="standard"):
-        self.counts = counts
-        self.vocab_offset = int(vocab_offset)
-        self.vocab_size = int(vocab_size)
-        self.policy = policy
+        _validate.dyadic_policy(policy)
+        own, host = _arrays.owned_copy(counts, "counts")
+        n = host.shape[-1] if host.ndim else 0
+        off, v = _offset_size(vocab_offset, vocab_size, n)
+        _shard_rows(host, "counts")
+        _shard_fields(self, own, off, v, policy)
+
+    @classmethod
+    def _of(cls, counts, vocab_offset, vocab_size, policy):
+        """A shard of counts this module computed (uint32, valid by construction)."""
+        s = object.__new__(cls)
+        _shard_fields(s, counts, int(vocab_offset), int(vocab_size), policy)
+        return s
+
+    def __setattr__(self, name, value):
+        raise AttributeError("DyadicShard is immutable")
+
+    @property
+    def counts(self):
+        """uint32 [..., n] ticket counts of ids [vocab_offset, vocab_offset + n)."""
+        return self._counts
+
+    @property
+    def vocab_offset(self):
+        return self._vocab_offset
+
+    @property
+    def vocab_size(self):
+        return self._vocab_size
+
+    @property
+    def policy(self):
+        return self._policy
 
     @property
     def batch_shape(self):
-        return tuple(self.counts.shape[:-1])
+        return tuple(self._counts.shape[:-1])
 
     def __repr__(self):
         return (f"DyadicShard(batch_shape={self.batch_shape}, ids [{self.vocab_offset}, "
-                f"{self.vocab_offset + self.counts.shape[-1]}) of {self.vocab_size})")
+                f"{self.vocab_offset + self._counts.shape[-1]}) of {self.vocab_size})")
+
+
+def _shard_fields(s, counts, off, v, policy):
+    if isinstance(counts, np.ndarray):
+        counts.flags.writeable = False
+    object.__setattr__(s, "_counts", counts)
+    object.__setattr__(s, "_vocab_offset", off)
+    object.__setattr__(s, "_vocab_size", v)
+    object.__setattr__(s, "_policy", policy)
+
+
+def _shard_rows(c, name):
+    """Row rules of a shard's host counts [..., n]: uint32, every entry and every row's
+    sum over the shard <= 2**24 (the rows' sums over all shards are checked in verify)."""
+    if c.ndim < 1:
+        raise ValueError(f"{name}: expected shape [..., n], got a scalar")
+    if c.dtype != np.uint32:
+        raise TypeError(f"{name}: dtype {_arrays.dtype_name(c)}; expected uint32")
+    if c.size == 0:
+        return
+    rows = c.reshape(-1, c.shape[-1])
+    _first_bad((rows > TOTAL).any(axis=1), name, "each count must be <= 2**24")
+    _first_bad(rows.astype(np.uint64).sum(axis=1) > TOTAL, name,
+               "the shard's counts sum to more than 2**24")
+
+
+def _first_bad(mask, name, rule):
+    bad = np.flatnonzero(mask)
+    if bad.size:
+        raise ValueError(f"{name}: row {int(bad[0])}: {rule}")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -82,13 +178,13 @@ def _crc(*arrays):
 
 
 def _float_local(x, name):
-    if _arrays.is_torch(x) and x.device.type != "cpu":
+    if _arrays.is_torch(x) and x.device.type == "cuda":
         x = x.detach().cpu()
     return _arrays.float_to_numpy(x, name)
 
 
 def _int_local(x, name):
-    if _arrays.is_torch(x) and x.device.type != "cpu":
+    if _arrays.is_torch(x) and x.device.type == "cuda":
         x = x.detach().cpu()
     return _arrays.int_to_numpy(x, name)
 
@@ -108,7 +204,7 @@ def _keys(keys, batch, extra=0):
 
 def _offset_size(vocab_offset, vocab_size, n):
     for name, v in (("vocab_offset", vocab_offset), ("vocab_size", vocab_size)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
     _validate.vocab(int(vocab_size), "vocab_size")
     if not 0 <= vocab_offset <= vocab_offset + n <= vocab_size:
@@ -117,16 +213,26 @@ def _offset_size(vocab_offset, vocab_size, n):
     return int(vocab_offset), int(vocab_size)
 
 
-def _layout(hdr, names):
+# replicated arguments in the header: (name, True for a CRC32 of the value)
+_PROPOSE_FIELDS = (("vocab_size", False), ("batch size", False), ("top_k", False),
+                   ("policy", False), ("whether a bias is given", False),
+                   ("temperature", True), ("keys", True), ("check", False))
+_VERIFY_FIELDS = (("vocab_size", False), ("batch size", False), ("k", False),
+                  ("the kind of q", False), ("draft", True), ("q", True), ("greedy", True),
+                  ("keys", True), ("check", False))
+
+
+def _layout(hdr, fields):
     """Check the gathered headers; returns the shard order (ranks by offset) and offsets.
 
     hdr[:, 0] = offset, hdr[:, 1] = n, hdr[:, 2:] must agree on every rank.
     """
-    for j, name in enumerate(names):
+    for j, (name, digest) in enumerate(fields):
         col = hdr[:, 2 + j]
         if (col != col[0]).any():
+            what = "CRC32 of dtype, shape and values" if digest else "values"
             raise ValueError(f"distributed: ranks disagree on {name} "
-                             f"(values by rank: {col.tolist()})")
+                             f"({what} by rank: {col.tolist()})")
     v = int(hdr[0, 2])
     order = [r for r in sorted(range(hdr.shape[0]), key=lambda r: (hdr[r, 0], r))
              if hdr[r, 1] > 0]
@@ -149,19 +255,12 @@ def _finish(comm, op, rows, positions):
     last_exchange = ExchangeStats(op, comm.collectives, comm.bytes_sent, rows, positions)
 
 
-def _check_agreement(comm, tokens):
-    flat = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    m = comm.all_reduce(np.concatenate([flat, -flat]), "max")
-    if not np.array_equal(m[:flat.size], -m[flat.size:]):
-        raise RuntimeError("dyadic.distributed: ranks computed different tokens "
-                           "(non-identical replicated inputs?)")
-
-
 # ----------------------------------------------------------------------------- propose
 
 def _prep_propose(local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k,
-                  policy):
+                  policy, check):
     code = _validate.policy(policy)
+    check = _validate.check_mode(check)
     x = _float_local(local_logits, "logits")
     if x.ndim != 2:
         raise ValueError(f"logits: expected the local shape [B, n], got {x.shape}")
@@ -184,7 +283,7 @@ def _prep_propose(local_logits, keys, vocab_offset, vocab_size, temperature, bia
     temp = _validate.temperature(temperature, batch, allow_zero=True)
     width = _validate.top_k(top_k, v)
     kb = _keys(keys, batch)
-    return np.ascontiguousarray(x), b2, temp, code, width, kb, off, v
+    return np.ascontiguousarray(x), b2, temp, code, width, kb, off, v, check
 
 
 def _local_top(z, k):
@@ -221,37 +320,50 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     The local math is vectorised NumPy on the host plus the reference's row
     helpers on the merged candidates (there is no ``backend`` argument: no
     backend kernel runs here, whatever the tensors' device).
-    check : all-reduce the sampled tokens and fail if ranks disagree.
+    check : True or False (identical on every rank; checked).  True: the
+        closing round also compares the sampled tokens and fails on every rank
+        if ranks disagree.
 
     Returns
     -------
     (tokens int32 [B], q): q is the same sparse ``Dyadic`` on every rank
     (``top_k`` given), or this rank's ``DyadicShard`` of the dense q.
     ``dyadic.distributed.last_exchange`` records the bytes sent.
+
+    Raises
+    ------
+    On every rank, the same error: ``ValueError`` / ``TypeError`` (as the
+    unsharded call, whichever rank saw the bad input), ``ValueError`` naming a
+    replicated argument the ranks disagree on, ``DistributedError`` for any
+    other exception on any rank (naming the rank, the original type and
+    message) and for ranks out of step.
     """
-    comm = Comm(group)
-    err, prep = None, None
+    comm = Comm(group, "propose")
     try:
-        prep = _prep_propose(local_logits, keys, vocab_offset, vocab_size, temperature, bias,
-                             top_k, policy)
-    except (ValueError, TypeError) as exc:
-        err = exc
-    if prep is not None:
-        x, b2, temp, code, width, kb, off, v = prep
-        header = [off, x.shape[1], v, x.shape[0], width or 0, code, b2 is not None,
-                  _crc(temp), _crc(*kb)]
-    else:
-        header = [0] * 9
-    hdr = comm.agree(err, header)
-    order, offsets = _layout(hdr, ["vocab_size", "batch size", "top_k", "policy",
-                                   "whether a bias is given", "temperature", "keys"])
+        return _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bias,
+                        top_k, policy, check)
+    except BaseException as exc:
+        comm.fail(exc)
+
+
+def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k,
+             policy, check):
+    x, b2, temp, code, width, kb, off, v, check = _prep_propose(
+        local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k, policy, check)
     batch, n = x.shape
+    hdr = comm.header(off, n, [v, batch, width or 0, code, b2 is not None, _crc(temp),
+                               _crc(*kb), check])
+    order, offsets = _layout(hdr, _PROPOSE_FIELDS)
     seed, gen, rnd, pos = kb
     greedy = temp == 0
-    t_eff = np.where(greedy, 1.0, temp)
-    z = im.effective_logits(x, None if b2 is None else np.broadcast_to(b2, x.shape), t_eff)
+    live = not greedy.all()
     kcand = width or 1
     ncol = 3 if b2 is not None else 2
+    closing = close_plan(batch if check else 0)
+    comm.plan(gather_plan((batch, 1 + kcand * ncol), np.int32))
+
+    t_eff = np.where(greedy, 1.0, temp)
+    z = im.effective_logits(x, None if b2 is None else np.broadcast_to(b2, x.shape), t_eff)
     payload = np.full((batch, 1 + kcand * ncol), -1, dtype=np.int32)
     xbits = x.view(np.int32)
     bbits = None if b2 is None else np.broadcast_to(b2, x.shape).view(np.int32)
@@ -266,7 +378,8 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
         if bbits is not None:
             payload[r, 1 + kcand:1 + kcand + m] = bbits[r, idx]
         payload[r, 1 + (ncol - 1) * kcand:1 + (ncol - 1) * kcand + m] = idx + off
-    g = comm.all_gather(payload)[order] if order else np.zeros((0,) + payload.shape, np.int32)
+    after = closing if width or not live else reduce_plan((batch, 2), "sum")
+    g = comm.all_gather(payload, then=after)[order]
 
     # merge: identical on every rank
     status = np.zeros(batch, dtype=np.int32)
@@ -320,115 +433,134 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
             for j, (i, c) in enumerate(row):
                 ids[r, j], counts[r, j] = i, c
         _status.raise_for_status(status, lambda i: i)
-        if check:
-            _check_agreement(comm, tokens)
         q = Dyadic(_output(counts, local_logits), _output(ids, local_logits), vocab_size=v,
                    policy=policy_name, _trusted=True)
     else:
-        counts = _dense_allocate(comm, z, merged, greedy, code, off, order, offsets, hdr,
-                                 status)
+        counts = _dense_counts(comm, z, merged, greedy, code, off, order, status)
         _status.raise_for_status(status, lambda i: i)
-        _dense_draw(comm, counts, merged, greedy, kb, off, order, hdr, tokens)
-        q = DyadicShard(_output(counts, local_logits), off, v, policy_name)
+        if live:
+            _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing)
+        for r in range(batch):
+            if greedy[r]:
+                tokens[r] = merged[r][1][0]
+        q = DyadicShard._of(_output(counts, local_logits), off, v, policy_name)
+    out = _output(tokens.astype(np.int32), local_logits)
+    comm.close(tokens if check else None)
     _finish(comm, "propose", batch, 1)
-    return _output(tokens.astype(np.int32), local_logits), q
+    return out, q
 
 
-def _dense_allocate(comm, z, merged, greedy, code, off, order, offsets, hdr, status):
+def _dense_counts(comm, z, merged, greedy, code, off, order, status):
+    """This shard's dense counts (uint32 [B, n]); greedy rows one-hot at the argmax.
+
+    Planned on entry: the weight-sum round when a row is not greedy (else the
+    closing round, and no collective happens here); leaves the draw's count-sum
+    round planned.
+    """
     batch, n = z.shape
     counts = np.zeros((batch, n), dtype=np.uint64)
     live = [r for r in range(batch) if not greedy[r]]
-    w = {}
-    sums = np.zeros((batch, 2), dtype=np.int64)
-    for r in live:
-        w[r] = im.weights_from_gap(merged[r][0][0] - z[r])
-        sums[r] = [int((w[r] >> U64(32)).sum(dtype=U64)), int((w[r] & im.M32).sum(dtype=U64))]
-    tot = comm.all_reduce(sums, "sum") if live else sums
-    s_tot = {r: (int(tot[r, 0]) << 32) + int(tot[r, 1]) for r in live}
-    base, rem = {}, {}
-    for r in live:
-        if s_tot[r] <= 0:
-            status[r] = _status.X_ZERO_MASS
-            continue
-        mw = w[r] << U64(_spec.TOTAL_BITS)
-        base[r], rem[r] = mw // U64(s_tot[r]), mw % U64(s_tot[r])
-    live = [r for r in live if r in base]
-    base_sum = np.zeros(batch, dtype=np.int64)
-    for r in live:
-        base_sum[r] = int(base[r].sum(dtype=U64))
+    draw_sums = gather_plan((batch,))
     standard = code == _spec.POLICY_CODES[_spec.POLICY_STANDARD]
-    need = {}
-    prefix = {r: 0 for r in live}
-    # global floor sum (and, for the standard policy, the first radix histogram)
-    top = max([s_tot[r].bit_length() for r in live] + [1])
-    digit0 = (top - 1) // 8 if standard else -1
-    pay = np.zeros((batch, 1 + (256 if standard else 0)), dtype=np.int64)
-    pay[:, 0] = base_sum
-    if standard:
+    if live:
+        w = {}
+        sums = np.zeros((batch, 2), dtype=np.int64)
         for r in live:
-            pay[r, 1:] = np.bincount(((rem[r] >> U64(8 * digit0)) & U64(0xFF)).astype(np.intp),
-                                     minlength=256)
-    red = comm.all_reduce(pay, "sum") if live else pay
-    for r in live:
-        remaining = TOTAL - int(red[r, 0])
-        if not 0 <= remaining < TOTAL:
-            status[r] = _status.ALLOC_INCONSISTENT
-        need[r] = remaining
-    live = [r for r in live if not status[r]]
-    if standard:
-        # radix select of the `remaining`-th largest remainder, 8 bits per round
-        hist = red[:, 1:]
-        for d in range(digit0, -1, -1):
-            if d < digit0:
-                if not any(need[r] for r in live):
-                    break
-                hist = np.zeros((batch, 256), dtype=np.int64)
-                for r in live:
-                    if need[r]:
-                        sel = (rem[r] >> U64(8 * d + 8)) == U64(prefix[r] >> (8 * d + 8))
-                        hist[r] = np.bincount(
-                            ((rem[r][sel] >> U64(8 * d)) & U64(0xFF)).astype(np.intp),
-                            minlength=256)
-                hist = comm.all_reduce(hist, "sum")
+            w[r] = im.weights_from_gap(merged[r][0][0] - z[r])
+            sums[r] = [int((w[r] >> U64(32)).sum(dtype=U64)),
+                       int((w[r] & im.M32).sum(dtype=U64))]
+        tot = comm.all_reduce(sums, "sum")
+        s_tot = {r: (int(tot[r, 0]) << 32) + int(tot[r, 1]) for r in live}
+        live = [r for r in live if s_tot[r] > 0]
+        comm.plan(reduce_plan((batch, 1 + (256 if standard else 0)), "sum") if live
+                  else draw_sums)
+        for r in s_tot:
+            if s_tot[r] <= 0:
+                status[r] = _status.X_ZERO_MASS
+        base, rem = {}, {}
+        for r in live:
+            mw = w[r] << U64(_spec.TOTAL_BITS)
+            base[r], rem[r] = mw // U64(s_tot[r]), mw % U64(s_tot[r])
+        base_sum = np.zeros(batch, dtype=np.int64)
+        for r in live:
+            base_sum[r] = int(base[r].sum(dtype=U64))
+        need = {}
+        prefix = {r: 0 for r in live}
+        # global floor sum (and, for the standard policy, the first radix histogram)
+        top = max([s_tot[r].bit_length() for r in live] + [1])
+        digit0 = (top - 1) // 8 if standard else -1
+        pay = np.zeros((batch, 1 + (256 if standard else 0)), dtype=np.int64)
+        pay[:, 0] = base_sum
+        if standard:
             for r in live:
-                if not need[r]:
-                    continue
-                acc = 0
-                for t in range(255, -1, -1):
-                    h = int(hist[r, t])
-                    if acc + h >= need[r]:
-                        need[r] -= acc
-                        prefix[r] |= t << (8 * d)
-                        break
-                    acc += h
+                pay[r, 1:] = np.bincount(
+                    ((rem[r] >> U64(8 * digit0)) & U64(0xFF)).astype(np.intp), minlength=256)
+        red = comm.all_reduce(pay, "sum") if live else pay
+        for r in live:
+            remaining = TOTAL - int(red[r, 0])
+            if not 0 <= remaining < TOTAL:
+                status[r] = _status.ALLOC_INCONSISTENT
+            need[r] = remaining
+        live = [r for r in live if not status[r]]
+        # A positive need stays positive through the radix digits (each digit keeps the
+        # tickets still owed to values equal to the prefix), so the histogram rounds are
+        # the digits below digit0 when any row still owes tickets, else none.
+        radix = standard and any(need[r] for r in live)
+        hist_plan = reduce_plan((batch, 256), "sum")
+        extra_plan = gather_plan((batch, 3)) if live else draw_sums
+        comm.plan(hist_plan if radix and digit0 > 0 else extra_plan)
+        if radix:
+            # radix select of the `remaining`-th largest remainder, 8 bits per round
+            hist = red[:, 1:]
+            for d in range(digit0, -1, -1):
+                if d < digit0:
+                    hist = np.zeros((batch, 256), dtype=np.int64)
+                    for r in live:
+                        if need[r]:
+                            sel = (rem[r] >> U64(8 * d + 8)) == U64(prefix[r] >> (8 * d + 8))
+                            hist[r] = np.bincount(
+                                ((rem[r][sel] >> U64(8 * d)) & U64(0xFF)).astype(np.intp),
+                                minlength=256)
+                    hist = comm.all_reduce(hist, "sum", then=hist_plan if d else extra_plan)
+                for r in live:
+                    if not need[r]:
+                        continue
+                    acc = 0
+                    for t in range(255, -1, -1):
+                        h = int(hist[r, t])
+                        if acc + h >= need[r]:
+                            need[r] -= acc
+                            prefix[r] |= t << (8 * d)
+                            break
+                        acc += h
         # after the last digit, prefix is the threshold value: need[r] values equal
         # to it are still to be taken (lowest global ids first), every larger one is in
-    extra = np.zeros((batch, 3), dtype=np.int64)  # ties, above, base sum (per shard)
-    thr = {}
-    for r in live:
-        extra[r, 2] = base_sum[r]
-        if standard and TOTAL - int(red[r, 0]) > 0:
-            thr[r] = prefix[r]
-            extra[r, 0] = int((rem[r] == U64(thr[r])).sum())
-            extra[r, 1] = int((rem[r] > U64(thr[r])).sum())
-    g = comm.all_gather(extra)[order] if live else None
-    for r in live:
-        c = base[r].copy()
-        if standard and r in thr:
-            c += (rem[r] > U64(thr[r])).astype(U64)
-            above = int(g[:, r, 1].sum())
-            ties_left = TOTAL - int(red[r, 0]) - above
-            for s, rank_ties in enumerate(g[:, r, 0].tolist()):
-                take = max(0, min(rank_ties, ties_left))
-                if order[s] == comm.rank and take:
-                    tie_idx = np.flatnonzero(rem[r] == U64(thr[r]))[:take]
-                    c[tie_idx] += U64(1)
-                ties_left -= take
-        elif not standard:
-            arg = int(merged[r][1][0])
-            if off <= arg < off + n:
-                c[arg - off] += U64(TOTAL - int(red[r, 0]))
-        counts[r] = c
+        extra = np.zeros((batch, 3), dtype=np.int64)  # ties, above, base sum (per shard)
+        thr = {}
+        for r in live:
+            extra[r, 2] = base_sum[r]
+            if standard and TOTAL - int(red[r, 0]) > 0:
+                thr[r] = prefix[r]
+                extra[r, 0] = int((rem[r] == U64(thr[r])).sum())
+                extra[r, 1] = int((rem[r] > U64(thr[r])).sum())
+        g = comm.all_gather(extra, then=draw_sums)[order] if live else None
+        for r in live:
+            c = base[r].copy()
+            if standard and r in thr:
+                c += (rem[r] > U64(thr[r])).astype(U64)
+                above = int(g[:, r, 1].sum())
+                ties_left = TOTAL - int(red[r, 0]) - above
+                for s, rank_ties in enumerate(g[:, r, 0].tolist()):
+                    take = max(0, min(rank_ties, ties_left))
+                    if order[s] == comm.rank and take:
+                        tie_idx = np.flatnonzero(rem[r] == U64(thr[r]))[:take]
+                        c[tie_idx] += U64(1)
+                    ties_left -= take
+            elif not standard:
+                arg = int(merged[r][1][0])
+                if off <= arg < off + n:
+                    c[arg - off] += U64(TOTAL - int(red[r, 0]))
+            counts[r] = c
     for r in range(batch):
         if greedy[r] and merged[r] is not None:
             arg = int(merged[r][1][0])
@@ -437,15 +569,15 @@ def _dense_allocate(comm, z, merged, greedy, code, off, order, offsets, hdr, sta
     return counts.astype(np.uint32)
 
 
-def _dense_draw(comm, counts, merged, greedy, kb, off, order, hdr, tokens):
+def _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing):
+    """Tokens of the rows that are not greedy (planned on entry: the count-sum round)."""
     batch, n = counts.shape
     seed, gen, rnd, pos = kb
     sums = counts.astype(np.int64).sum(axis=1)
-    g = comm.all_gather(sums)[order]
+    g = comm.all_gather(sums, then=reduce_plan((batch,), "max"))[order]
     local = np.full(batch, -1, dtype=np.int64)
     for r in range(batch):
         if greedy[r]:
-            tokens[r] = merged[r][1][0]
             continue
         ticket = philox.proposal_ticket((int(seed[r]), int(gen[r]), int(rnd[r])), int(pos[r]))
         acc = 0
@@ -456,15 +588,15 @@ def _dense_draw(comm, counts, merged, greedy, kb, off, order, hdr, tokens):
                     local[r] = off + int(np.searchsorted(cs, ticket - acc, side="right"))
                 break
             acc += m
+    red = comm.all_reduce(local, "max", then=closing)
     live = ~np.asarray(greedy, dtype=bool)
-    if live.any():
-        red = comm.all_reduce(local, "max")
-        tokens[live] = red[live]
+    tokens[live] = red[live]
 
 
 # ----------------------------------------------------------------------------- verify
 
-def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy):
+def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy, check):
+    check = _validate.check_mode(check)
     _validate.target_dtype(local_target)
     t = _float_local(local_target, "target")
     if t.ndim != 3:
@@ -488,6 +620,7 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy)
         if qc.shape != (batch, k1 - 1, n) or q.vocab_offset != off or q.vocab_size != v:
             raise ValueError(f"q: shard shape {qc.shape} / offset {q.vocab_offset} / vocab_size "
                              f"{q.vocab_size} must be {(batch, k1 - 1, n)} / {off} / {v}")
+        _shard_rows(qc, "q.counts")
         qkind = 3
     elif isinstance(q, Dyadic):
         if q.batch_shape != (batch, k1 - 1):
@@ -506,13 +639,11 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy)
     if greedy is None:
         g = np.zeros(batch, dtype=bool)
     else:
-        if _arrays.is_torch(greedy) and greedy.device.type != "cpu":
-            greedy = greedy.cpu()
         g = _arrays.bool_to_numpy(greedy, "greedy")
         if g.shape != (batch,):
             raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({batch},)")
     kb = _keys(keys, batch, extra=k1 - 1)
-    return np.ascontiguousarray(t), d, qkind, qc, qi, g, kb, off, v
+    return np.ascontiguousarray(t), d, qkind, qc, qi, g, kb, off, v, check
 
 
 def _q_local(qkind, qc, qi, d, b, i, off, n):
@@ -556,26 +687,40 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
         of a dense q (as returned by ``dyadic.distributed.propose``), or None
         (point-mass q).
     keys, greedy : as in ``dyadic.verify`` (identical on every rank; checked).
+    check : True or False (identical on every rank; checked).  True: the
+        closing round also compares the tokens and fails on every rank if
+        ranks disagree.
+
+    Returns
+    -------
+    ``Verdict``: accepted int32 [B], tokens int32 [B, k+1] (-1 after the
+    emitted tokens), identical on every rank.
+
+    Raises
+    ------
+    On every rank, the same error, as ``propose`` does.
     """
-    comm = Comm(group)
-    err, prep = None, None
+    comm = Comm(group, "verify")
     try:
-        prep = _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy)
-    except (ValueError, TypeError) as exc:
-        err = exc
-    if prep is not None:
-        t, d, qkind, qc, qi, g, kb, off, v = prep
-        qrep = None if qkind in (0, 3) else (qc, qi)
-        header = [off, t.shape[2], v, t.shape[0], t.shape[1], qkind, _crc(d),
-                  _crc(*(qrep or (None,))), _crc(g), _crc(*kb)]
-    else:
-        header = [0] * 10
-    hdr = comm.agree(err, header)
-    order, offsets = _layout(hdr, ["vocab_size", "batch size", "k", "the kind of q", "draft",
-                                   "q", "greedy", "keys"])
+        return _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
+                       check)
+    except BaseException as exc:
+        comm.fail(exc)
+
+
+def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy, check):
+    t, d, qkind, qc, qi, g, kb, off, v, check = _prep_verify(
+        local_target, draft, q, keys, vocab_offset, vocab_size, greedy, check)
+    qrep = None if qkind in (0, 3) else (qc, qi)
+    hdr = comm.header(off, t.shape[2], [v, t.shape[0], t.shape[1], qkind, _crc(d),
+                                        _crc(*(qrep or (None,))), _crc(g), _crc(*kb), check])
+    order, offsets = _layout(hdr, _VERIFY_FIELDS)
     batch, k1, n = t.shape
     k = k1 - 1
     seed, gen, rnd, pos = kb
+    live = not g.all()
+    closing = close_plan(batch * k1 if check else 0)
+    comm.plan(gather_plan((batch, k1, 9)))
 
     # round 1: per (row, position) exact summaries of this shard
     p, invalid, mag = im.target_fixed(t.view(np.uint32))
@@ -599,7 +744,7 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
                     f[b, i, 7] = int(qc[b, i, di - off])
             if qkind == 3:
                 f[b, i, 8] = int(qc[b, i].sum(dtype=np.uint64))
-    gf = comm.all_gather(f)[order]
+    gf = comm.all_gather(f, then=gather_plan((batch, 3)) if live else closing)[order]
 
     one = 1 << _spec.TARGET_BITS
     tol = one >> _spec.TARGET_TOL_BITS
@@ -613,7 +758,8 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
         bad = np.argwhere(qsum != TOTAL)
         if bad.size:
             b0, i0 = (int(z) for z in bad[0])
-            raise ValueError(f"counts: row {b0 * k + i0}: counts must sum to exactly 2**24")
+            raise ValueError(f"q.counts: row {b0 * k + i0}: counts must sum to exactly 2**24 "
+                             f"over the shards (they sum to {int(qsum[b0, i0])})")
     for b in range(batch):
         for i in range(k1):
             total[b][i] = sum((int(h) << 32) + int(lo) for h, lo in gf[:, b, i, 1:3].tolist())
@@ -666,6 +812,9 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
         else:
             draw_at[b] = j
     _status.raise_for_status(status)
+    if bool(draw_at) != live:
+        raise AssertionError("dyadic.distributed: internal error: rows to draw do not match "
+                             "the planned rounds")
 
     if draw_at:
         # round 2: this shard's exact mass of the distribution to draw from
@@ -680,7 +829,7 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
             limbs[b] = (hi, lo)
             mass[b] = [int((lo & im.M32).sum(dtype=U64)), int((lo >> U64(32)).sum(dtype=U64)),
                        0 if hi is None else int(hi.sum(dtype=U64))]
-        gm = comm.all_gather(mass)[order]
+        gm = comm.all_gather(mass, then=reduce_plan((batch,), "max"))[order]
         local = np.full(batch, -1, dtype=np.int64)
         for b, j in draw_at.items():
             shard = [int(a) + (int(c) << 32) + (int(e) << 64) for a, c, e in gm[:, b].tolist()]
@@ -701,10 +850,11 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
                 acc += m
         _status.raise_for_status(status)
         # round 3: the owner's token to everyone
-        red = comm.all_reduce(local, "max")
+        red = comm.all_reduce(local, "max", then=closing)
         for b, j in draw_at.items():
             tokens[b, j] = red[b]
-    if check:
-        _check_agreement(comm, tokens)
+    verdict = Verdict(_output(accepted, local_target),
+                      _output(tokens.astype(np.int32), local_target))
+    comm.close(tokens if check else None)
     _finish(comm, "verify", batch, k1)
-    return Verdict(_output(accepted, local_target), _output(tokens.astype(np.int32), local_target))
+    return verdict
