@@ -9,7 +9,7 @@ import pytest
 
 import dyadic
 from dyadic import wire as w
-from dyadic.wire import _codec
+from dyadic.wire import _codec, _rules
 
 BACKEND = "cpu" if "cpu" in dyadic.available_backends() else "reference"
 V = 16
@@ -29,8 +29,10 @@ def row(ids, counts, rep=w.REPR_SPARSE):
     return (np.asarray(ids, np.int32), np.asarray(counts, np.int64), rep)
 
 
-def mk_reply(rows, sampled, *, depth=None, slots=(0,), chk=None, values=None, gen=0, rnd=0):
-    """A Reply built without payload validation (so it can break every rule)."""
+def reply_fields(rows, sampled, *, depth=None, slots=(0,), chk=None, values=None, gen=0,
+                 rnd=0, vocab=V):
+    """Reply constructor arguments from rows (ids, counts, representation); a
+    negative count becomes the value -1.0 (so the fields can break every rule)."""
     depth = depth or len(rows) // len(slots)
     vals, ids, reps, ns, chks = [], [], [], [], []
     for rid, c, rep in rows:
@@ -46,21 +48,45 @@ def mk_reply(rows, sampled, *, depth=None, slots=(0,), chk=None, values=None, ge
         ns.append(len(c))
         chks.append(int((np.maximum(c, 0).astype(np.uint64) * (2 * eff + 1)).sum() & 0xFFFFFFFF))
     shape = (len(slots), depth)
-    return w.Reply(session=1, generation=gen, round=rnd, attempt=0, context_version=0,
-                   slots=slots, sampled=np.asarray(sampled, np.int32).reshape(shape),
-                   representation=np.asarray(reps, np.uint8).reshape(shape),
-                   n_entries=np.asarray(ns, np.uint32).reshape(shape),
-                   checksums=np.asarray(chk if chk is not None else chks,
-                                        np.uint32).reshape(shape),
-                   values=np.concatenate(vals) if values is None else values,
-                   ids=np.concatenate(ids) if ids else np.zeros(0, np.int32))
+    return dict(session=1, generation=gen, round=rnd, attempt=0, context_version=0,
+                slots=slots, sampled=np.asarray(sampled, np.int32).reshape(shape),
+                representation=np.asarray(reps, np.uint8).reshape(shape),
+                n_entries=np.asarray(ns, np.uint32).reshape(shape),
+                checksums=np.asarray(chk if chk is not None else chks,
+                                     np.uint32).reshape(shape),
+                values=np.concatenate(vals) if values is None else values,
+                ids=np.concatenate(ids) if ids else np.zeros(0, np.int32), vocab_size=vocab)
+
+
+def pack_reply(f):
+    """The REPLY frame of raw Reply fields, packed without any check (the
+    Reply constructor would refuse invalid fields; the decoder must too)."""
+    n_slots, depth = f["sampled"].shape
+    rows = np.zeros(n_slots * depth, _codec.ROW_DTYPE)
+    rows["slot"] = np.repeat(np.asarray(f["slots"], np.uint16), depth)
+    rows["position"] = np.tile(np.arange(depth, dtype=np.uint8), n_slots)
+    rows["repr"] = f["representation"].ravel()
+    rows["sampled"] = f["sampled"].ravel()
+    rows["n"] = f["n_entries"].ravel()
+    rows["checksum"] = f["checksums"].ravel()
+    values = np.asarray(f["values"], "<f4")
+    ids = np.asarray(f["ids"], "<i4")
+    head = _codec.REPLY.pack(f["generation"], f["round"], f["attempt"], depth, n_slots, 0,
+                             f["context_version"], values.size, ids.size, 0)
+    return w.frame(w.T_REPLY, f["session"], head + rows.tobytes() + values.tobytes()
+                   + ids.tobytes())
+
+
+def mk_reply(rows, sampled, **kw):
+    """A REPLY frame built without payload validation (so it can break every rule)."""
+    return pack_reply(reply_fields(rows, sampled, **kw))
 
 
 GOOD = [row([1, 5, 9], [T // 2, T // 4, T // 4])]
 
 
-def dec(reply, limits=LIM):
-    return w.decode(w.encode(reply), limits=limits)
+def dec(frame, limits=LIM):
+    return w.decode(frame, limits=limits)
 
 
 def test_good_reply_roundtrip():
@@ -69,6 +95,10 @@ def test_good_reply_roundtrip():
     q = m.to_dyadic(V)
     assert q.counts.tolist() == [[[T // 2, T // 4, T // 4]]]
     assert q.ids.tolist() == [[[1, 5, 9]]]
+
+
+# rules that depend on the negotiated limits (max_support 8, dense_width 20): decode only
+_LIMIT_ONLY = {"LimitExceeded", "UnexpectedSize"}
 
 
 @pytest.mark.parametrize("rows,sampled,exc", [
@@ -93,14 +123,22 @@ def test_good_reply_roundtrip():
      w.PaddedId),
 ])
 def test_reply_rules(rows, sampled, exc):
-    e = raises(exc, dec, mk_reply(rows, sampled))
+    """The decoder and the Reply constructor refuse the same fields with the same rule."""
+    f = reply_fields(rows, sampled)
+    e = raises(exc, dec, pack_reply(f))
     assert e.field
+    if exc.__name__ in _LIMIT_ONLY:
+        assert w.encode(w.Reply(**f)) == pack_reply(f)      # valid apart from the limits
+    else:
+        c = raises(exc, w.Reply, **f)
+        assert (c.field, c.detail) == (e.field, e.detail)
 
 
 def test_dense_padding_zero_ok_and_checksum():
     r = dec(mk_reply([row(list(range(20)), [T // 16] * 16 + [0] * 4, w.REPR_DENSE)], [3]))
     assert r.to_dyadic(V).counts.shape == (1, 1, V)
     raises(w.ProbabilityChecksumMismatch, dec, mk_reply(GOOD, [5], chk=[123]))
+    raises(w.ProbabilityChecksumMismatch, w.Reply, **reply_fields(GOOD, [5], chk=[123]))
 
 
 @pytest.mark.parametrize("value,exc", [
@@ -111,6 +149,7 @@ def test_dense_padding_zero_ok_and_checksum():
 def test_value_rules(value, exc):
     vals = np.array([0.5, 0.25, value], np.float32)
     raises(exc, dec, mk_reply(GOOD, [5], values=vals))
+    raises(exc, w.Reply, **reply_fields(GOOD, [5], values=vals))
 
 
 @pytest.mark.parametrize("value,shown", [
@@ -124,26 +163,28 @@ def test_huge_finite_value_is_non_dyadic_without_warning(value, shown):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         e = raises(w.NonDyadicValue, dec, mk_reply(GOOD, [5], values=vals))
-    assert e.field == "reply.values"
-    assert e.detail == f"row 0 (slot 0, position 0): entry 2 {shown} is not c / 2**24"
+        c = raises(w.NonDyadicValue, w.Reply, **reply_fields(GOOD, [5], values=vals))
+    assert e.field == c.field == "reply.values"
+    assert e.detail == c.detail == f"row 0 (slot 0, position 0): entry 2 {shown} is not c / 2**24"
 
 
 def test_total_mass_checked_in_uint64():
     # 257 entries of exactly 1.0: uint32 sum would wrap to 2**24; uint64 must not.
     n = 257
     lim = w.Limits(vocab_size=1000, max_support=300)
-    r = mk_reply([row(list(range(n)), [T] * n)], [0])
-    raises(w.WrongTotalMass, w.decode, w.encode(r), limits=lim)
+    f = reply_fields([row(list(range(n)), [T] * n)], [0], vocab=1000)
+    raises(w.WrongTotalMass, w.decode, pack_reply(f), limits=lim)
+    raises(w.WrongTotalMass, w.Reply, **f)
 
 
 def test_representation_none_is_missing_q():
-    r = mk_reply(GOOD, [5])
-    r2 = w.Reply(**{**r.__dict__, "representation": np.zeros((1, 1), np.uint8)})
-    raises(w.MissingQ, dec, r2)
+    f = {**reply_fields(GOOD, [5]), "representation": np.zeros((1, 1), np.uint8)}
+    raises(w.MissingQ, dec, pack_reply(f))
+    raises(w.MissingQ, w.Reply, **f)
 
 
 def test_reply_needs_negotiated_vocab():
-    raises(w.NegotiationError, w.decode, w.encode(mk_reply(GOOD, [5])))
+    raises(w.NegotiationError, w.decode, mk_reply(GOOD, [5]))
 
 
 def _rehead(f, **kw):
@@ -156,7 +197,7 @@ def _rehead(f, **kw):
 
 
 def test_header_rules():
-    f = w.encode(mk_reply(GOOD, [5]))
+    f = mk_reply(GOOD, [5])
     raises(w.TruncatedFrame, w.decode, f[:10], limits=LIM)
     raises(w.TruncatedFrame, w.decode, f[:-1], limits=LIM)
     raises(w.UnexpectedSize, w.decode, f + b"\0", limits=LIM)
@@ -176,7 +217,7 @@ def _body_frame(typ, body, session=1):
 
 
 def test_reply_layout_rules():
-    f = w.encode(mk_reply(GOOD * 2, [5, 9], depth=2))
+    f = mk_reply(GOOD * 2, [5, 9], depth=2)
     body = bytearray(f[32:])
     # depth / slots beyond the negotiated bounds
     b = bytearray(body); struct.pack_into("<H", b, 10, 9)
@@ -329,7 +370,8 @@ def test_dense_size_matches_seed_table():
     vocab, depth = 129280, 5
     counts = np.zeros((1, depth, vocab), np.uint32)
     counts[..., 0] = T
-    r = w.Reply.from_dyadic(dyadic.Dyadic(counts, vocab_size=vocab), np.zeros((1, depth)),
+    r = w.Reply.from_dyadic(dyadic.Dyadic(counts, vocab_size=vocab),
+                            np.zeros((1, depth), np.int32),
                             session=1, generation=0, round=0, slots=(0,),
                             representation="dense")
     assert r.values.nbytes == 2_585_600 and 4 * r.values.nbytes == 10_342_400
@@ -455,9 +497,8 @@ def test_session_identity_and_completion_checks():
 hyp = pytest.importorskip("hypothesis")
 from hypothesis import given, strategies as st  # noqa: E402
 
-_SEEDS = [w.encode(mk_reply(GOOD * 2, [5, 9], depth=2)),
-          w.encode(mk_reply([row(list(range(20)), [T // 16] * 16 + [0] * 4, w.REPR_DENSE)],
-                            [3])),
+_SEEDS = [mk_reply(GOOD * 2, [5, 9], depth=2),
+          mk_reply([row(list(range(20)), [T // 16] * 16 + [0] * 4, w.REPR_DENSE)], [3]),
           w.encode(hello(w.ROLE_DRAFTER)),
           w.encode(w.Step(session=9, generation=1, round=2, attempt=0, depth=5,
                           context_version=3, top_k=8, temperature=0.5,
@@ -522,10 +563,10 @@ def test_fast_path_agrees_with_ordered_checks(edits, fix_crc):
         struct.pack_into("<I", h, 28, zlib.crc32(bytes(h[:28])))
         data = bytes(h) + data[32:]
     fast = _outcome(data)
-    orig = _codec._fast_sparse
-    _codec._fast_sparse = lambda *a: None
+    orig = _rules.sparse_reply_valid
+    _rules.sparse_reply_valid = lambda *a: False
     try:
         slow = _outcome(data)
     finally:
-        _codec._fast_sparse = orig
+        _rules.sparse_reply_valid = orig
     assert fast == slow

@@ -4,21 +4,27 @@
 valid message or raises a ``WireError`` subclass; it never reads past the
 buffer and never allocates from an unchecked length (every count is compared
 with the negotiated ``Limits`` and with the bytes actually present before an
-array is viewed).
+array is viewed).  It checks the frame-level rules (header, sizes, limits,
+row order) itself and builds the message through its validating constructor
+(``_messages``, rules in ``_rules``), so a frame and a constructed message
+are refused by the same rule.  A refused frame leaves nothing behind: no
+cache entry, and the raised error keeps no reference to the frame's bytes
+or to arrays derived from them.
 """
 
 import struct
+import traceback
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _errors as E
-from ._messages import (MAGIC, TEXT_BYTES, U32, WIRE_VERSION, REPR_DENSE, REPR_NONE,
-                        REPR_SPARSE, Commit, CommitSlot, Completion, Hello, Reply, Reset,
-                        Step, StepSlot, COMMIT_FALLBACK)
+from . import _rules as R
+from ._messages import (MAGIC, TEXT_BYTES, U8, U16, U32, U64, WIRE_VERSION, REPR_DENSE,
+                        Commit, CommitSlot, Completion, Hello, Reply, Reset, Step, StepSlot,
+                        COMMIT_FALLBACK)
 
-TOTAL = 1 << 24
 
 T_HELLO, T_STEP, T_REPLY, T_COMPLETION, T_COMMIT, T_RESET = 1, 2, 3, 4, 5, 6
 TYPE_NAMES = {T_HELLO: "HELLO", T_STEP: "STEP", T_REPLY: "REPLY", T_COMPLETION: "COMPLETION",
@@ -51,7 +57,11 @@ class Limits:
     vocab_size : V; None before negotiation (a REPLY is then refused).
     dense_width : dense row width; 0 = dense rows not allowed.
 
-    ``Agreement.limits`` gives the negotiated values.
+    ``Agreement.limits`` gives the negotiated values.  Each field must fit the
+    wire field it bounds (``WireError`` naming it otherwise): max_frame_bytes
+    >= 32, max_slots in [1, 65535], max_depth in [1, 255], max_support in
+    [0, 2**24], vocab_size None or in [1, 2**24], dense_width 0 or in
+    [vocab_size, 2**32 - 1].
     """
 
     max_frame_bytes: int = 1 << 24
@@ -60,6 +70,19 @@ class Limits:
     max_support: int = 1024
     vocab_size: int = None
     dense_width: int = 0
+
+    def __post_init__(self):
+        for name, lo, hi in (("max_frame_bytes", HEADER.size, U64), ("max_slots", 1, U16),
+                             ("max_depth", 1, U8), ("max_support", 0, R.MAX_VOCAB),
+                             ("dense_width", 0, U32)):
+            object.__setattr__(self, name, R.uint(f"limits.{name}", getattr(self, name),
+                                                  lo, hi))
+        if self.vocab_size is not None:
+            v = R.uint("limits.vocab_size", self.vocab_size, 1, R.MAX_VOCAB)
+            object.__setattr__(self, "vocab_size", v)
+            if self.dense_width and self.dense_width < v:
+                raise E.UnexpectedSize("limits.dense_width",
+                                       f"{self.dense_width} < vocab_size {v}")
 
 
 DEFAULT_LIMITS = Limits()
@@ -117,24 +140,109 @@ def step_digest(step):
     return zlib.crc32(step_body(step))
 
 
-_TABLES = {}
+_POSITIONS = np.arange(U8 + 1, dtype=np.uint8)
 
 
 def _reply_body(m):
+    """REPLY body of a (validated) Reply: fixed part, row table, values, ids."""
     n_slots, depth = m.sampled.shape
-    n_rows = n_slots * depth
-    st = _TABLES.get(n_rows)
-    if st is None:
-        st = _TABLES[n_rows] = struct.Struct("<" + "HBBiII" * n_rows)
-    slots = m.slots
-    flat = []
-    for r, row in enumerate(zip(m.representation.ravel().tolist(), m.sampled.ravel().tolist(),
-                                m.n_entries.ravel().tolist(), m.checksums.ravel().tolist())):
-        flat += (slots[r // depth], r % depth) + row
+    rows = np.empty(n_slots * depth, dtype=ROW_DTYPE)
+    rows["slot"] = np.repeat(np.asarray(m.slots, dtype=np.uint16), depth)
+    rows["position"] = np.tile(_POSITIONS[:depth], n_slots)
+    rows["repr"] = m.representation.ravel()
+    rows["sampled"] = m.sampled.ravel()
+    rows["n"] = m.n_entries.ravel()
+    rows["checksum"] = m.checksums.ravel()
     head = REPLY.pack(m.generation, m.round, m.attempt, depth, n_slots, 0, m.context_version,
                       m.values.size, m.ids.size, 0)
-    return b"".join((head, st.pack(*flat), m.values.astype("<f4", copy=False).tobytes(),
+    return b"".join((head, rows.tobytes(), m.values.astype("<f4", copy=False).tobytes(),
                      m.ids.astype("<i4", copy=False).tobytes()))
+
+
+# ----------------------------------------------------------------------------- limits
+
+def count_limits(n_slots, depth, limits, name):
+    """1 <= n_slots <= max_slots and 1 <= depth <= max_depth (``LimitExceeded``)."""
+    if not 1 <= n_slots <= limits.max_slots:
+        raise E.LimitExceeded(f"{name}.n_slots", f"{n_slots} not in [1, {limits.max_slots}]")
+    if not 1 <= depth <= limits.max_depth:
+        raise E.LimitExceeded(f"{name}.depth", f"{depth} not in [1, {limits.max_depth}]")
+
+
+def top_k_limit(top_k, limits):
+    """A STEP's top_k: <= max_support; 0 (dense) only where dense rows were negotiated."""
+    if top_k > limits.max_support:
+        raise E.LimitExceeded("step.top_k", f"{top_k} > max_support {limits.max_support}")
+    if top_k == 0 and not limits.dense_width and limits.vocab_size is not None:
+        raise E.LimitExceeded("step.top_k", "dense q (top_k 0) was not negotiated")
+
+
+def row_limits(rep, n, limits, name="reply.rows"):
+    """Reply rows against the agreement: dense rows only where negotiated and
+    exactly dense_width wide; sparse rows at most max_support entries.
+    ``rep`` uint8, ``n`` uint32: 1-D arrays over the rows (representations valid)."""
+    if REPR_DENSE in rep.tobytes():
+        dense = rep == REPR_DENSE
+        dw = limits.dense_width
+        if not dw:
+            r = int(np.flatnonzero(dense)[0])
+            raise E.LimitExceeded(f"{name}[{r}].representation", "dense q not negotiated")
+        bad = dense & (n != dw)
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise E.UnexpectedSize(f"{name}[{r}].n_entries",
+                                   f"dense row has {int(n[r])} entries != dense_width {dw}")
+        n = np.where(dense, 0, n)
+    if int(n.max()) > limits.max_support:
+        r = int(np.flatnonzero(n > limits.max_support)[0])
+        raise E.LimitExceeded(f"{name}[{r}].n_entries",
+                              f"{int(n[r])} > max_support {limits.max_support}")
+
+
+def token_limit(token, limits, name):
+    """A committed token id in [0, vocab_size) (``OutOfRangeId``)."""
+    vocab = limits.vocab_size
+    if token < 0 or (vocab is not None and token >= vocab):
+        raise E.OutOfRangeId(name, f"{token} not in [0, {vocab})")
+
+
+def check_limits(message, limits):
+    """The negotiated bounds of a message that did not come through ``decode``
+    (which checks them on the frame, before any variable-length read).
+
+    Reply: vocab_size equal to the agreement's, slots/depth, row widths, frame
+    size.  Step: slots/depth, top_k.  Completion: slots/depth.  Commit: slots,
+    accepted counts, tokens.  Raises the same ``WireError`` as ``decode``."""
+    if isinstance(message, Reply):
+        if limits.vocab_size is None:
+            raise E.NegotiationError("reply", "REPLY before HELLO negotiation")
+        if message.vocab_size != limits.vocab_size:
+            raise E.IdentityMismatch("reply.vocab_size", f"{message.vocab_size} != "
+                                                         f"negotiated {limits.vocab_size}")
+        count_limits(message.n_slots, message.depth, limits, "reply")
+        row_limits(message.representation.ravel(), message.n_entries.ravel(), limits)
+        size = (HEADER.size + REPLY.size + ROW_DTYPE.itemsize * message.sampled.size
+                + 4 * (message.values.size + message.ids.size))
+        if size > limits.max_frame_bytes:
+            raise E.LimitExceeded("reply", f"frame of {size} bytes > max_frame_bytes "
+                                           f"{limits.max_frame_bytes}")
+    elif isinstance(message, Step):
+        count_limits(len(message.slots), message.depth, limits, "step")
+        top_k_limit(message.top_k, limits)
+    elif isinstance(message, Completion):
+        count_limits(message.n_slots, message.depth, limits, "completion")
+    elif isinstance(message, Commit):
+        _commit_limits(message.slots, limits)
+
+
+def _commit_limits(slots, limits):
+    if len(slots) > limits.max_slots:
+        raise E.LimitExceeded("commit.n_slots", f"{len(slots)} not in [1, {limits.max_slots}]")
+    for i, s in enumerate(slots):
+        if s.accepted > limits.max_depth:
+            raise E.LimitExceeded(f"commit.slots[{i}].accepted",
+                                  f"{s.accepted} > max_depth {limits.max_depth}")
+        token_limit(s.token, limits, f"commit.slots[{i}].token")
 
 
 # ----------------------------------------------------------------------------- decode
@@ -143,9 +251,32 @@ def decode(data, *, limits=DEFAULT_LIMITS):
     """Decode one frame (the whole of ``data``) into a message.
 
     ``data``: bytes, bytearray or memoryview holding exactly one frame.
-    ``limits``: the negotiated ``Limits`` (``Agreement.limits``).  Raises a
-    ``WireError`` subclass naming the field and rule; nothing else.
+    ``limits``: the negotiated ``Limits`` (``Agreement.limits``; anything else
+    is a ``TypeError``).  For any ``data``, raises a ``WireError`` subclass
+    naming the field and rule, and nothing else.  The raised error's
+    traceback keeps no local variables of the decoder (frames cleared), so
+    holding the error does not hold the frame or arrays derived from it.
     """
+    if not isinstance(limits, Limits):
+        raise TypeError(f"limits: expected wire.Limits, got {type(limits).__name__}")
+    try:
+        return _decode(data, limits)
+    except E.WireError as err:
+        del data
+        _drop_locals(err)
+        raise
+
+
+def _drop_locals(err):
+    """Clear the finished frames of an error's traceback (and of its context)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        err = err.__context__
+
+
+def _decode(data, limits):
     try:
         if not isinstance(data, bytes):
             data = bytes(memoryview(data).cast("B"))  # a private, immutable copy
@@ -217,27 +348,17 @@ def _d_hello(body, session, limits):
                  draft_kind=kind, precision=prec, wire_version=ver)
 
 
-def _counts(n_slots, depth, limits, name):
-    if not 1 <= n_slots <= limits.max_slots:
-        raise E.LimitExceeded(f"{name}.n_slots", f"{n_slots} not in [1, {limits.max_slots}]")
-    if not 1 <= depth <= limits.max_depth:
-        raise E.LimitExceeded(f"{name}.depth", f"{depth} not in [1, {limits.max_depth}]")
-
-
 def _d_step(body, session, limits):
     if body.nbytes < STEP.size:
         raise E.UnexpectedSize("step.body", f"{body.nbytes} bytes < fixed part {STEP.size}")
     gen, rnd, attempt, depth, n_slots, r1, ctx, top_k, temp, r2 = STEP.unpack_from(body, 0)
     if r1 or r2:
         raise E.NonCanonicalEncoding("step.reserved", "must be zero")
-    _counts(n_slots, depth, limits, "step")
+    count_limits(n_slots, depth, limits, "step")
     if body.nbytes != STEP.size + n_slots * STEP_SLOT.size:
         raise E.UnexpectedSize("step.body", f"{body.nbytes} bytes != {STEP.size} + {n_slots} "
                                             f"x {STEP_SLOT.size}")
-    if top_k > limits.max_support:
-        raise E.LimitExceeded("step.top_k", f"{top_k} > max_support {limits.max_support}")
-    if top_k == 0 and not limits.dense_width and limits.vocab_size is not None:
-        raise E.LimitExceeded("step.top_k", "dense q (top_k 0) was not negotiated")
+    top_k_limit(top_k, limits)
     slots = []
     for i in range(n_slots):
         slot, r, anchor, seed, digest = STEP_SLOT.unpack_from(body, STEP.size + i * STEP_SLOT.size)
@@ -251,7 +372,7 @@ def _d_step(body, session, limits):
 def _d_completion(body, session, limits):
     gen, rnd, attempt, depth, n_slots, status, ctx, nbytes, crc, digest = \
         _fixed(body, COMPLETION, "completion")
-    _counts(n_slots, depth, limits, "completion")
+    count_limits(n_slots, depth, limits, "completion")
     return Completion(session=session, generation=gen, round=rnd, attempt=attempt,
                       context_version=ctx, n_slots=n_slots, depth=depth, reply_bytes=nbytes,
                       reply_crc32=crc, step_digest=digest, status=status)
@@ -269,7 +390,6 @@ def _d_commit(body, session, limits):
         raise E.UnexpectedSize("commit.body", f"{body.nbytes} bytes != {COMMIT.size} + "
                                               f"{n_slots} x {COMMIT_SLOT.size}")
     slots = []
-    vocab = limits.vocab_size
     for i in range(n_slots):
         slot, acc, flags, tok, pos, r = COMMIT_SLOT.unpack_from(body, COMMIT.size + i * 16)
         if r or flags & ~COMMIT_FALLBACK:
@@ -277,8 +397,7 @@ def _d_commit(body, session, limits):
         if acc > limits.max_depth:
             raise E.LimitExceeded(f"commit.slots[{i}].accepted",
                                   f"{acc} > max_depth {limits.max_depth}")
-        if tok < 0 or (vocab is not None and tok >= vocab):
-            raise E.OutOfRangeId(f"commit.slots[{i}].token", f"{tok} not in [0, {vocab})")
+        token_limit(tok, limits, f"commit.slots[{i}].token")
         slots.append(CommitSlot(slot, acc, tok, pos, bool(flags & COMMIT_FALLBACK)))
     return Commit(session=session, generation=gen, round=rnd, slots=tuple(slots))
 
@@ -290,12 +409,9 @@ def _d_reset(body, session, limits):
     return Reset(session=session, new_generation=gen, reason=reason)
 
 
-def _where(rows, starts, flat_index):
-    r = int(np.searchsorted(starts, flat_index, side="right") - 1)
-    return f"row {r} (slot {int(rows['slot'][r])}, position {int(rows['position'][r])})"
-
-
 def _d_reply(body, session, limits):
+    """Frame-level REPLY rules (sizes, limits, row order), then the Reply
+    constructor checks the q payload (the same rules as for a built Reply)."""
     vocab = limits.vocab_size
     if vocab is None:
         raise E.NegotiationError("reply", "REPLY before HELLO negotiation (vocab_size unknown)")
@@ -304,274 +420,42 @@ def _d_reply(body, session, limits):
     gen, rnd, attempt, depth, n_slots, r1, ctx, n_vals, n_ids, r2 = REPLY.unpack_from(body, 0)
     if r1 or r2:
         raise E.NonCanonicalEncoding("reply.reserved", "must be zero")
-    _counts(n_slots, depth, limits, "reply")
+    count_limits(n_slots, depth, limits, "reply")
     n_rows = n_slots * depth
-    table_end = REPLY.size + 16 * n_rows
+    table_end = REPLY.size + ROW_DTYPE.itemsize * n_rows
     if body.nbytes < table_end:
         raise E.UnexpectedSize("reply.rows", f"body {body.nbytes} bytes < row table end "
                                              f"{table_end}")
     rows = np.frombuffer(body, dtype=ROW_DTYPE, count=n_rows, offset=REPLY.size)
-    fast = _fast_sparse(body, session, rows, gen, rnd, attempt, depth, n_slots, ctx, n_vals,
-                        n_ids, table_end, limits)
-    if fast is not None:
-        return fast
-    # Slow path: checks every rule in the documented order and raises the first.
-    rep = rows["repr"]
-    n = rows["n"].astype(np.int64)
-    sparse = rep == REPR_SPARSE
-    dense = rep == REPR_DENSE
-    if not (sparse | dense).all():
-        r = int(np.flatnonzero(~(sparse | dense))[0])
-        if rep[r] == REPR_NONE:
-            raise E.MissingQ(f"reply.rows[{r}].representation", "no q for this position")
-        raise E.NonCanonicalEncoding(f"reply.rows[{r}].representation",
-                                     f"unknown representation {int(rep[r])}")
-    if not (n > 0).all():
-        r = int(np.flatnonzero(n == 0)[0])
-        raise E.MissingQ(f"reply.rows[{r}].n_entries", "zero entries: no q for this position")
-    dw = limits.dense_width
-    if dense.any():
-        if not dw:
-            r = int(np.flatnonzero(dense)[0])
-            raise E.LimitExceeded(f"reply.rows[{r}].representation", "dense q not negotiated")
-        bad = dense & (n != dw)
-        if bad.any():
-            r = int(np.flatnonzero(bad)[0])
-            raise E.UnexpectedSize(f"reply.rows[{r}].n_entries",
-                                   f"dense row has {int(n[r])} entries != dense_width {dw}")
-    bad = sparse & (n > limits.max_support)
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise E.LimitExceeded(f"reply.rows[{r}].n_entries",
-                              f"{int(n[r])} > max_support {limits.max_support}")
-    if int(n.sum()) != n_vals or int(n[sparse].sum()) != n_ids:
-        raise E.UnexpectedSize("reply.total_entries", f"header says {n_vals} values / {n_ids} "
-                                                      f"ids; rows say {int(n.sum())} / "
-                                                      f"{int(n[sparse].sum())}")
+    rep, n = rows["repr"], rows["n"]
+    R.reply_rows(rep, n)
+    row_limits(rep, n, limits)
     expect = table_end + 4 * n_vals + 4 * n_ids
     if body.nbytes != expect:
         raise E.UnexpectedSize("reply.body", f"{body.nbytes} bytes != {expect} implied by "
                                              f"the row table")
-    pos = rows["position"]
-    slot = rows["slot"]
-    if depth > 1 or n_slots > 1:
-        want = np.tile(np.arange(depth, dtype=np.uint8), n_slots)
-        if not np.array_equal(pos, want):
-            raise E.NonCanonicalEncoding("reply.rows.position",
-                                         "rows must be slot-major with positions 0..depth-1")
-        s2 = slot.reshape(n_slots, depth)
-        if not (s2 == s2[:, :1]).all():
-            raise E.NonCanonicalEncoding("reply.rows.slot", "a slot's rows must be contiguous")
-        if np.unique(s2[:, 0]).size != n_slots:
-            raise E.NonCanonicalEncoding("reply.rows.slot", "a slot appears twice")
-    elif pos[0] != 0:
-        raise E.NonCanonicalEncoding("reply.rows.position", "first position must be 0")
-
-    bits = np.frombuffer(body, dtype="<u4", count=n_vals, offset=table_end)
-    ids = np.frombuffer(body, dtype="<i4", count=n_ids, offset=table_end + 4 * n_vals)
-    starts = np.zeros(n_rows, dtype=np.int64)
-    np.cumsum(n[:-1], out=starts[1:])
-    all_sparse = bool(sparse.all())
-    # --- sparse ids
-    if n_ids:
-        if (ids < 0).any() or (ids >= vocab).any():
-            j = int(np.flatnonzero((ids < 0) | (ids >= vocab))[0])
-            if ids[j] == -1:
-                raise E.PaddedId("reply.ids", f"sparse id {j} is padding (-1): rows list only "
-                                              f"their nonzero entries")
-            raise E.OutOfRangeId("reply.ids", f"sparse id {j} = {int(ids[j])} not in "
-                                              f"[0, {vocab})")
-    if all_sparse:
-        id_flat = ids
-    elif not sparse.any():
-        id_flat = np.tile(np.arange(dw, dtype=np.int32), n_rows)
-    else:
-        parts, k = [], 0
-        for r in range(n_rows):
-            if sparse[r]:
-                parts.append(ids[k:k + n[r]])
-                k += int(n[r])
-            else:
-                parts.append(np.arange(dw, dtype=np.int32))
-        id_flat = np.concatenate(parts)
-    if n_vals > n_rows:
-        d = np.diff(id_flat.astype(np.int64))
-        same_row = np.ones(n_vals - 1, dtype=bool)
-        same_row[starts[1:] - 1] = False
-        dup = same_row & (d == 0)
-        if dup.any():
-            j = int(np.flatnonzero(dup)[0]) + 1
-            raise E.DuplicateSparseId("reply.ids", f"{_where(rows, starts, j)}: id "
-                                                   f"{int(id_flat[j])} repeated")
-        uns = same_row & (d < 0)
-        if uns.any():
-            j = int(np.flatnonzero(uns)[0]) + 1
-            raise E.UnsortedSupport("reply.ids", f"{_where(rows, starts, j)}: ids must be "
-                                                 f"strictly ascending")
-    # --- values
-    nonfinite = (bits & 0x7F800000) == 0x7F800000
-    if nonfinite.any():
-        j = int(np.flatnonzero(nonfinite)[0])
-        raise E.NonFiniteValue("reply.values", f"{_where(rows, starts, j)}: entry {j} is not "
-                                               f"finite")
-    if (bits >> 31).any():
-        j = int(np.flatnonzero(bits >> 31)[0])
-        raise E.NegativeValue("reply.values", f"{_where(rows, starts, j)}: entry {j} has its "
-                                              f"sign bit set")
-    scaled = bits.view("<f4").astype(np.float64) * TOTAL
-    # Range check before the cast: a huge finite value (up to FP32 max * 2**24) would
-    # overflow uint64 and emit a RuntimeWarning. ~(<=) also catches NaN (already
-    # rejected above by its bits); such entries cast as 0 and are flagged through `over`.
-    over = ~(scaled <= TOTAL)
-    counts = np.where(over, 0.0, scaled).astype(np.uint64)
-    bad = (counts != scaled) | over
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        raise E.NonDyadicValue("reply.values", f"{_where(rows, starts, j)}: entry {j} "
-                                               f"{float(scaled[j]) / TOTAL!r} is not c / 2**24")
-    zero = counts == 0
-    if all_sparse:
-        if zero.any():
-            j = int(np.flatnonzero(zero)[0])
-            raise E.NonCanonicalSupport("reply.values", f"{_where(rows, starts, j)}: sparse "
-                                                        f"entry {j} is zero")
-    else:
-        zbad = zero & np.repeat(sparse, n)
-        if zbad.any():
-            j = int(np.flatnonzero(zbad)[0])
-            raise E.NonCanonicalSupport("reply.values", f"{_where(rows, starts, j)}: sparse "
-                                                        f"entry {j} is zero")
-        if dw > vocab:
-            padbad = (id_flat >= vocab) & ~zero
-            if padbad.any():
-                j = int(np.flatnonzero(padbad)[0])
-                raise E.PaddedId("reply.values", f"{_where(rows, starts, j)}: dense padding "
-                                                 f"beyond vocabulary {vocab} must be zero")
-    sums = np.add.reduceat(counts, starts)
-    if (sums != TOTAL).any():
-        r = int(np.flatnonzero(sums != TOTAL)[0])
-        raise E.WrongTotalMass(f"reply.rows[{r}].values", f"counts sum to {int(sums[r])} != "
-                                                          f"2**24")
-    sampled = rows["sampled"]
-    if (sampled < 0).any() or (sampled >= vocab).any():
-        r = int(np.flatnonzero((sampled < 0) | (sampled >= vocab))[0])
-        raise E.OutOfRangeId(f"reply.rows[{r}].sampled", f"{int(sampled[r])} not in [0, {vocab})")
-    row_of = np.repeat(np.arange(n_rows, dtype=np.int64), n)
-    key = (row_of << 32) | id_flat.astype(np.int64)
-    want = (np.arange(n_rows, dtype=np.int64) << 32) | sampled.astype(np.int64)
-    at = np.minimum(np.searchsorted(key, want), n_vals - 1)
-    hit = key[at] == want
-    if not hit.all():
-        r = int(np.flatnonzero(~hit)[0])
-        raise E.ZeroQAtProposedToken(f"reply.rows[{r}].sampled",
-                                     f"token {int(sampled[r])} has q = 0")
-    if zero[at].any():
-        r = int(np.flatnonzero(zero[at])[0])
-        raise E.ZeroQAtProposedToken(f"reply.rows[{r}].sampled",
-                                     f"token {int(sampled[r])} has q = 0")
-    chk = np.add.reduceat(counts * (2 * id_flat.astype(np.uint64) + 1), starts) & U32
-    if (chk != rows["checksum"]).any():
-        r = int(np.flatnonzero(chk != rows["checksum"])[0])
-        raise E.ProbabilityChecksumMismatch(f"reply.rows[{r}].checksum",
-                                            "probability checksum does not match q")
-    return Reply(session=session, generation=gen, round=rnd, attempt=attempt,
-                 context_version=ctx, slots=tuple(int(s) for s in slot[::depth]),
-                 sampled=sampled.reshape(n_slots, depth),
-                 representation=rep.reshape(n_slots, depth),
-                 n_entries=rows["n"].reshape(n_slots, depth),
-                 checksums=rows["checksum"].reshape(n_slots, depth),
-                 values=bits.view("<f4"), ids=ids, vocab_size=vocab)
-
-
-_LO, _SPAN = 0x33800000, 0x3F800000 - 0x33800000   # FP32 bits of 2**-24 and of 1.0
-_F24 = np.float32(TOTAL)
-_POS = {}
-
-
-_ROW = struct.Struct("<HBBiII")
-_LAYOUT = {}
-
-
-def _layout(ns):
-    """Cached per row-size pattern: starts, row-boundary indices, per-entry row
-    base (row << 24) and the expected row-sum bytes."""
-    lay = _LAYOUT.get(ns)
-    if lay is None:
-        if len(_LAYOUT) > 256:
-            _LAYOUT.clear()
-        n = np.asarray(ns, dtype=np.intp)
-        starts = np.zeros(n.size, dtype=np.intp)
-        np.cumsum(n[:-1], out=starts[1:])
-        base = np.arange(n.size, dtype=np.int64) << 24
-        lay = _LAYOUT[ns] = (starts, starts[1:] - 1, np.repeat(base, n), base,
-                             np.full(n.size, TOTAL, dtype=np.uint64).tobytes())
-    return lay
-
-
-def _fast_sparse(body, session, rows, gen, rnd, attempt, depth, n_slots, ctx, n_vals, n_ids,
-                 table_end, limits):
-    """All-sparse, fully valid replies with few vectorised operations; None means
-    "not provably valid here": the ordered slow path then finds the broken rule."""
-    max_support = limits.max_support
-    ns = []
-    slots = []
-    sampled = []
-    r = 0
-    for slot, pos, rep, smp, n, _ in _ROW.iter_unpack(body[REPLY.size:table_end]):
-        if rep != REPR_SPARSE or not 1 <= n <= max_support or pos != r % depth:
-            return None
-        if pos == 0:
-            slots.append(slot)
-        elif slot != slots[-1]:
-            return None
-        ns.append(n)
-        sampled.append(smp)
-        r += 1
-    total = sum(ns)
-    if total != n_vals or total != n_ids or body.nbytes != table_end + 8 * total or \
-            len(set(slots)) != n_slots:
-        return None
-    vocab = limits.vocab_size
-    if min(sampled) < 0 or max(sampled) >= vocab:
-        return None
-    ns = tuple(ns)
-    starts, bounds, rowbase, base, sums_ok = _layout(ns)
-    bits = np.frombuffer(body, dtype="<u4", count=total, offset=table_end)
-    if int((bits - np.uint32(_LO)).max()) > _SPAN:      # every value in [2**-24, 1]
-        return None
-    vals = bits.view("<f4")
-    scaled = vals * _F24                               # exact (power-of-two scale)
-    counts = scaled.astype(np.uint32)
-    if (scaled - counts.astype(np.float32)).any():     # dyadic: c / 2**24, c integer
-        return None
-    if np.add.reduceat(counts, starts, dtype=np.uint64).tobytes() != sums_ok:
-        return None
-    ids = np.frombuffer(body, dtype="<i4", count=total, offset=table_end + 4 * total)
-    uids = ids.view("<u4")
-    if int(uids.max()) >= vocab:
-        return None
-    if total > 1:
-        d = ids[1:] - ids[:-1]
-        d[bounds] = 1
-        if d.min() <= 0:                               # strictly ascending in each row
-            return None
-    keyed = rowbase + ids
-    want = base + rows["sampled"]
-    at = np.searchsorted(keyed, want)
-    np.minimum(at, total - 1, out=at)
-    if keyed[at].tobytes() != want.tobytes():          # q(sampled) > 0
-        return None
-    chk = np.add.reduceat(counts * (uids + uids + np.uint32(1)), starts, dtype=np.uint32)
-    if chk.tobytes() != rows["checksum"].tobytes():
-        return None
+    slots = _row_order(rows["slot"], rows["position"], n_slots, depth)
     shape = (n_slots, depth)
-    return Reply._trusted(session=session, generation=gen, round=rnd, attempt=attempt,
-                          context_version=ctx, slots=tuple(slots),
-                          sampled=rows["sampled"].reshape(shape),
-                          representation=rows["repr"].reshape(shape),
-                          n_entries=rows["n"].reshape(shape),
-                          checksums=rows["checksum"].reshape(shape), values=vals, ids=ids,
-                          vocab_size=vocab)
+    return Reply(session=session, generation=gen, round=rnd, attempt=attempt,
+                 context_version=ctx, slots=slots, sampled=rows["sampled"].reshape(shape),
+                 representation=rep.reshape(shape), n_entries=n.reshape(shape),
+                 checksums=rows["checksum"].reshape(shape),
+                 values=np.frombuffer(body, dtype="<f4", count=n_vals, offset=table_end),
+                 ids=np.frombuffer(body, dtype="<i4", count=n_ids,
+                                   offset=table_end + 4 * n_vals),
+                 vocab_size=vocab)
+
+
+def _row_order(slot, pos, n_slots, depth):
+    """Rows slot-major, positions 0..depth-1 in each slot (``NonCanonicalEncoding``);
+    returns the slot ids (their uniqueness is a Reply rule)."""
+    if pos.tobytes() != _POSITIONS[:depth].tobytes() * n_slots:
+        raise E.NonCanonicalEncoding("reply.rows.position",
+                                     "rows must be slot-major with positions 0..depth-1")
+    first = slot[::depth]
+    if depth > 1 and np.repeat(first, depth).tobytes() != slot.tobytes():
+        raise E.NonCanonicalEncoding("reply.rows.slot", "a slot's rows must be contiguous")
+    return tuple(first.tolist())
 
 
 def probability_checksum(counts, ids):

@@ -1,35 +1,37 @@
 """Wire v2 message classes (frozen).
 
-Every message is an immutable value; arrays are NumPy, read-only.  Building a
-message checks the scalar fields (ranges, text fields) and raises the
-``WireError`` subclass of the broken rule, so a decoded message and a
-constructed one obey the same rules.  The q payload of a ``Reply`` is checked
-in full by ``decode`` (and by ``Reply.from_dyadic``, valid by construction).
+Every message is an immutable value; arrays are private read-only NumPy
+copies.  Building a message checks every field with the rules of
+``_rules`` (ranges, dtypes, FP32 values, and for a ``Reply`` its whole q
+payload) and raises the ``WireError`` subclass of the first broken rule,
+naming the field (and the row or index).  ``decode`` builds every message
+through these constructors, so a decoded message and a constructed one obey
+the same rules; only the negotiated ``Limits`` (frame size, slots, depth,
+support, dense width, vocabulary of a COMMIT token) are checked by ``decode``
+(and by the sessions) rather than by the constructors.
 
 Compatibility guarantee: the binary layout of wire version 2 (docs/wire.md)
 never changes; a change is a new version number, negotiated explicitly in
 HELLO, never an automatic upgrade.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import _errors as E
+from . import _rules as R
+from ._rules import (MAX_VOCAB, REPR_DENSE, REPR_NONE, REPR_SPARSE, TEXT_BYTES,  # noqa: F401
+                     U16, U32, U64, U8)
 
 WIRE_VERSION = 2
 MAGIC = b"DYQW"
-TEXT_BYTES = 32
 
 ROLE_DRAFTER = 1
 ROLE_VERIFIER = 2
 PRECISION_FP32_DYADIC24 = 1
 DRAFT_NATIVE = 1
 DRAFT_ADAPTED = 2
-
-REPR_NONE = 0
-REPR_DENSE = 1
-REPR_SPARSE = 2
 
 STATUS_OK = 0
 STATUS_ABORTED = 1
@@ -42,32 +44,20 @@ RESET_CORRUPT = 3
 RESET_RECONNECT = 4
 RESET_PROTOCOL = 5
 
-U16 = (1 << 16) - 1
-U32 = (1 << 32) - 1
-U64 = (1 << 64) - 1
+
+def _set(obj, name, value):
+    object.__setattr__(obj, name, value)
 
 
-def _int(name, value, lo, hi):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise E.NonCanonicalEncoding(name, f"expected an int, got {type(value).__name__}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise E.LimitExceeded(name, f"value {v} out of range [{lo}, {hi}]")
-    return v
+def _uints(obj, spec):
+    """Check and normalise integer fields: spec = ((name, label, lo, hi), ...)."""
+    for name, label, lo, hi in spec:
+        _set(obj, name, R.uint(label, getattr(obj, name), lo, hi))
 
 
-def _enum(name, value, allowed):
-    if value not in allowed:
-        raise E.NonCanonicalEncoding(name, f"value {value!r} is not one of {sorted(allowed)}")
-
-
-def check_text(name, value):
-    """A text field: 1..32 printable ASCII characters."""
-    if not isinstance(value, str):
-        raise E.NonCanonicalEncoding(name, f"expected str, got {type(value).__name__}")
-    if not 1 <= len(value) <= TEXT_BYTES or not all(0x20 <= ord(c) <= 0x7E for c in value):
-        raise E.NonCanonicalEncoding(name, f"text must be 1..{TEXT_BYTES} printable ASCII "
-                                           f"characters, got {value!r}")
+def _spec(prefix, *fields):
+    """((name, "prefix.name", lo, hi), ...) from (name, lo, hi) triples."""
+    return tuple((name, f"{prefix}.{name}", lo, hi) for name, lo, hi in fields)
 
 
 @dataclass(frozen=True)
@@ -86,6 +76,10 @@ class Hello:
     draft_identity / draft_kind (native 1 / adapted 2), target_identity : text.
     precision : PRECISION_FP32_DYADIC24 (q values are FP32 c / 2**24).
     wire_version : always 2 (decode rejects anything else).
+
+    Integer fields are ints (never bool or float) in their wire ranges:
+    vocab_size [1, 2**24], max_slots [1, 65535], max_depth [1, 255],
+    max_support [0, vocab_size], max_frame_bytes [64, 2**32 - 1].
     """
 
     role: int
@@ -106,28 +100,28 @@ class Hello:
     wire_version: int = WIRE_VERSION
 
     def __post_init__(self):
-        if self.wire_version != WIRE_VERSION:
+        version = R.uint("hello.wire_version", self.wire_version, 0, U16)
+        if version != WIRE_VERSION:
             raise E.UnsupportedVersion("hello.wire_version",
-                                       f"{self.wire_version} != {WIRE_VERSION} (no auto-upgrade)")
-        _enum("hello.role", self.role, {ROLE_DRAFTER, ROLE_VERIFIER})
-        _enum("hello.precision", self.precision, {PRECISION_FP32_DYADIC24})
-        _enum("hello.draft_kind", self.draft_kind, {DRAFT_NATIVE, DRAFT_ADAPTED})
-        _int("hello.vocab_size", self.vocab_size, 1, 1 << 24)
-        _int("hello.dense_width", self.dense_width, 0, U32)
+                                       f"{version} != {WIRE_VERSION} (no auto-upgrade)")
+        _set(self, "wire_version", version)
+        for name, allowed in (("role", {ROLE_DRAFTER, ROLE_VERIFIER}),
+                              ("precision", {PRECISION_FP32_DYADIC24}),
+                              ("draft_kind", {DRAFT_NATIVE, DRAFT_ADAPTED})):
+            _set(self, name, R.enum(f"hello.{name}", getattr(self, name), allowed))
+        _uints(self, _HELLO_SIZES)
         if self.dense_width and self.dense_width < self.vocab_size:
             raise E.UnexpectedSize("hello.dense_width",
                                    f"{self.dense_width} < vocab_size {self.vocab_size}")
-        _int("hello.max_slots", self.max_slots, 1, U16)
-        _int("hello.max_depth", self.max_depth, 1, 255)
-        _int("hello.max_support", self.max_support, 0, self.vocab_size)
-        _int("hello.max_frame_bytes", self.max_frame_bytes, 64, U32)
+        _uints(self, _HELLO_BOUNDS)
+        _set(self, "max_support", R.uint("hello.max_support", self.max_support, 0,
+                                         self.vocab_size))
         if not self.dense_width and not self.max_support:
             raise E.NegotiationError("hello", "offers neither dense nor sparse rows")
         for name in ("q_semantic_id", "verifier_id", "rng_abi", "draft_identity",
                      "target_identity"):
-            check_text(f"hello.{name}", getattr(self, name))
-        if not isinstance(self.id_map_hash, bytes) or len(self.id_map_hash) != TEXT_BYTES:
-            raise E.UnexpectedSize("hello.id_map_hash", f"expected {TEXT_BYTES} bytes")
+            R.text(f"hello.{name}", getattr(self, name))
+        R.fixed_bytes("hello.id_map_hash", self.id_map_hash, TEXT_BYTES)
 
 
 @dataclass(frozen=True)
@@ -141,11 +135,8 @@ class StepSlot:
     prefix_digest: bytes
 
     def __post_init__(self):
-        _int("step.slot", self.slot, 0, U16)
-        _int("step.anchor_position", self.anchor_position, 0, U32)
-        _int("step.seed", self.seed, 0, U64)
-        if not isinstance(self.prefix_digest, bytes) or len(self.prefix_digest) != 32:
-            raise E.UnexpectedSize("step.prefix_digest", "expected 32 bytes")
+        _uints(self, _STEP_SLOT_INTS)
+        R.fixed_bytes("step.prefix_digest", self.prefix_digest, 32)
 
 
 @dataclass(frozen=True)
@@ -156,6 +147,11 @@ class Step:
     ``Keys(seed, generation, round, anchor_position + i)`` (PROPOSAL domain).
     ``attempt`` numbers retries of the same round (the drafter must answer a
     retry with the identical q and tokens).  ``top_k`` 0 = dense q.
+
+    ``temperature`` must be exactly an FP32 value, finite, >= 0, sign bit clear
+    (0.1 and -0.0 are refused, never rounded); it is stored as a Python float.
+    ``slots``: 1..65535 StepSlot with distinct slot ids, each with
+    ``anchor_position + depth <= 2**32 - 1`` (every position of the round fits u32).
     """
 
     session: int
@@ -169,27 +165,15 @@ class Step:
     slots: tuple
 
     def __post_init__(self):
-        _int("step.session", self.session, 0, U64)
-        _int("step.generation", self.generation, 0, U32)
-        _int("step.round", self.round, 0, U32)
-        _int("step.attempt", self.attempt, 0, U16)
-        _int("step.depth", self.depth, 1, 255)
-        _int("step.context_version", self.context_version, 0, U32)
-        _int("step.top_k", self.top_k, 0, U32)
-        t = float(self.temperature)
-        if not (t == t and 0.0 <= t < float("inf")) or np.float32(t) != t:
-            raise E.NonCanonicalEncoding("step.temperature",
-                                         f"{t!r} must be a finite FP32 value >= 0")
-        object.__setattr__(self, "slots", tuple(self.slots))
-        if not 1 <= len(self.slots) <= U16:
-            raise E.UnexpectedSize("step.slots", f"count {len(self.slots)} not in [1, 65535]")
-        seen = set()
-        for s in self.slots:
-            if not isinstance(s, StepSlot):
-                raise E.NonCanonicalEncoding("step.slots", "entries must be StepSlot")
-            if s.slot in seen:
-                raise E.NonCanonicalEncoding("step.slots", f"slot {s.slot} listed twice")
-            seen.add(s.slot)
+        _uints(self, _STEP_INTS)
+        _set(self, "temperature", R.fp32_nonneg("step.temperature", self.temperature))
+        _set(self, "slots", R.items("step.slots", self.slots, StepSlot, lambda s: s.slot))
+        last = U32 - self.depth
+        for i, s in enumerate(self.slots):
+            if s.anchor_position > last:
+                raise E.LimitExceeded(f"step.slots[{i}].anchor_position",
+                                      f"{s.anchor_position} + depth {self.depth} > {U32}: the "
+                                      f"round's positions (drafts and bonus) must fit u32")
 
 
 @dataclass(frozen=True, eq=False)
@@ -198,18 +182,26 @@ class Reply:
     position of one STEP.  Row (s, i) is the q of position i of slot s,
     conditioned on that slot's committed prefix and its sampled tokens 0..i-1.
 
-    slots : tuple of n_slots ints (same order as the STEP).
-    sampled : int32 [n_slots, depth] global token ids.
+    slots : tuple of n_slots distinct u16 ints (same order as the STEP).
+    sampled : int32 [n_slots, depth] global token ids in [0, vocab_size), depth 1..255.
     representation : uint8 [n_slots, depth] (1 dense, 2 sparse).
-    n_entries : uint32 [n_slots, depth]; dense rows: dense_width, sparse rows:
-        the number of nonzero entries.
+    n_entries : uint32 [n_slots, depth]; dense rows: the dense width (>= vocab_size,
+        the same for every dense row), sparse rows: the number of nonzero entries.
     checksums : uint32 [n_slots, depth] probability checksums
         (sum over nonzero entries of count * (2 * id + 1), mod 2**32).
     values : float32 [sum(n_entries)] q values (exactly count / 2**24), rows
-        concatenated in row order.
-    ids : int32 [sum of sparse n_entries] ascending global ids of sparse rows.
+        concatenated in row order (float16 / float64 holding such values are
+        accepted and stored as float32).
+    ids : int32 [sum of sparse n_entries] strictly ascending global ids of
+        sparse rows (any integer dtype whose values fit).
+    vocab_size : V in [1, 2**24] (the negotiated one for a decoded reply).
 
-    Build one with ``Reply.from_dyadic``; read q with ``to_dyadic``.
+    Construction checks every rule of a decoded REPLY (docs/wire.md, row
+    rules) and raises the ``WireError`` subclass of the first broken one;
+    integer arrays must fit their wire type exactly (never wrapped).  The
+    arrays are stored as private read-only copies.  Build one with
+    ``Reply.from_dyadic``; read q with ``to_dyadic``.  Equality compares
+    every field (arrays by value).
     """
 
     session: int
@@ -224,33 +216,56 @@ class Reply:
     checksums: np.ndarray
     values: np.ndarray
     ids: np.ndarray
-    vocab_size: int = field(default=0)
+    vocab_size: int
 
     def __post_init__(self):
-        for name, lo, hi in (("session", 0, U64), ("generation", 0, U32), ("round", 0, U32),
-                             ("attempt", 0, U16), ("context_version", 0, U32)):
-            _int(f"reply.{name}", getattr(self, name), lo, hi)
-        object.__setattr__(self, "slots", tuple(int(s) for s in self.slots))
-        for name, dt in (("sampled", np.int32), ("representation", np.uint8),
-                         ("n_entries", np.uint32), ("checksums", np.uint32),
-                         ("values", np.float32), ("ids", np.int32)):
-            a = np.ascontiguousarray(getattr(self, name), dtype=dt)
-            a.flags.writeable = False
-            object.__setattr__(self, name, a)
-        shape = self.sampled.shape
-        if len(shape) != 2 or shape[0] != len(self.slots) or not 1 <= shape[1] <= 255:
-            raise E.UnexpectedSize("reply.sampled", f"shape {shape} must be (n_slots, depth)")
-        for name in ("representation", "n_entries", "checksums"):
-            if getattr(self, name).shape != shape:
-                raise E.UnexpectedSize(f"reply.{name}", f"shape must be {shape}")
+        _uints(self, _REPLY_INTS)
+        _set(self, "slots", R.slot_ids("reply.slots", self.slots))
+        for name, label, dt, exc in _REPLY_ARRAYS:
+            _set(self, name, R.int_array(label, getattr(self, name), dt, exc))
+        _set(self, "values", R.float_array("reply.values", self.values))
+        self._check_shapes()
+        rep, n, sampled, checksums = (self.representation.ravel(), self.n_entries.ravel(),
+                                      self.sampled.ravel(), self.checksums.ravel())
+        values, ids = self.values, self.ids
+        body = 32 + 16 * n.size + 4 * (values.size + ids.size)
+        if body > U32:
+            raise E.LimitExceeded("reply", f"body of {body} bytes does not fit the u32 body "
+                                           f"length")
+        if R.sparse_reply_valid(self.vocab_size, rep, n, sampled, checksums, values, ids):
+            return
+        R.reply_rows(rep, n)
+        dw = R.reply_sizes(rep, n, self.vocab_size, values.size, ids.size)
+        values = R.reply_q(self._where, self.vocab_size, rep, n, sampled, checksums, values,
+                           ids, dw)
+        values.flags.writeable = False
+        _set(self, "values", values)
 
-    @classmethod
-    def _trusted(cls, **fields):
-        """Internal: a Reply from arrays ``decode`` has already validated."""
-        self = object.__new__(cls)
-        for k, v in fields.items():
-            object.__setattr__(self, k, v)
-        return self
+    def _where(self, r):
+        """Row r located for error messages: "row r (slot s, position i)"."""
+        depth = self.depth
+        return f"row {r} (slot {self.slots[r // depth]}, position {r % depth})"
+
+    def _check_shapes(self):
+        shape = self.sampled.shape
+        if len(shape) != 2 or shape[0] != len(self.slots) or not 1 <= shape[1] <= U8:
+            raise E.UnexpectedSize("reply.sampled", f"shape {shape} must be (n_slots, depth) "
+                                                    f"= ({len(self.slots)}, 1..{U8})")
+        for name in ("representation", "n_entries", "checksums"):
+            got = getattr(self, name).shape
+            if got != shape:
+                raise E.UnexpectedSize(f"reply.{name}", f"shape {got} must be {shape}")
+        for name in ("values", "ids"):
+            got = getattr(self, name).shape
+            if len(got) != 1:
+                raise E.UnexpectedSize(f"reply.{name}", f"shape {got} must be 1-D")
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_same(getattr(self, f), getattr(other, f)) for f in self.__dataclass_fields__)
+
+    __hash__ = None
 
     @property
     def depth(self):
@@ -263,6 +278,8 @@ class Reply:
     @classmethod
     def from_dyadic(cls, q, sampled, *, session, generation, round, slots, attempt=0,
                     context_version=0, representation="auto", dense_width=None):
+        """Reply from q (``dyadic.Dyadic``, batch shape (n_slots, depth)) and its
+        sampled tokens (integer [n_slots, depth]); see ``_convert.reply_from_dyadic``."""
         from ._convert import reply_from_dyadic
         return reply_from_dyadic(cls, q, sampled, session=session, generation=generation,
                                  round=round, slots=slots, attempt=attempt,
@@ -270,14 +287,34 @@ class Reply:
                                  representation=representation, dense_width=dense_width)
 
     def to_dyadic(self, vocab_size=None, *, width=None):
-        """q as a ``Dyadic`` of batch shape (n_slots, depth), policy "external".
+        """q as a ``Dyadic`` of batch shape (n_slots, depth), policy "external",
+        built by the validating public ``dyadic.Dyadic`` constructor.
 
+        vocab_size : None or this reply's ``vocab_size`` (``ValueError`` otherwise).
         Sparse rows (all rows sparse): ids int32 / counts uint32 of width
-        ``width`` (default: the largest row), padded with (-1, 0) at the end.
-        Any dense row: dense counts [n_slots, depth, vocab_size].
+        ``width`` (default: the largest row; at most vocab_size), padded with
+        (-1, 0) at the end.  Any dense row: dense counts [n_slots, depth, vocab_size].
         """
         from ._convert import dyadic_from_reply
-        return dyadic_from_reply(self, vocab_size or self.vocab_size, width)
+        return dyadic_from_reply(self, vocab_size, width)
+
+
+_REPLY_INTS = _spec("reply", ("session", 0, U64), ("generation", 0, U32), ("round", 0, U32),
+                    ("attempt", 0, U16), ("context_version", 0, U32),
+                    ("vocab_size", 1, MAX_VOCAB))
+# integer arrays: (field, error label, wire dtype, error class of a value that does not fit)
+_REPLY_ARRAYS = (("sampled", "reply.sampled", np.int32, E.OutOfRangeId),
+                 ("representation", "reply.representation", np.uint8, E.NonCanonicalEncoding),
+                 ("n_entries", "reply.n_entries", np.uint32, E.LimitExceeded),
+                 ("checksums", "reply.checksums", np.uint32, E.LimitExceeded),
+                 ("ids", "reply.ids", np.int32, E.OutOfRangeId))
+
+
+def _same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and a.tobytes() == b.tobytes())
+    return a == b
 
 
 @dataclass(frozen=True)
@@ -300,19 +337,18 @@ class Completion:
     status: int = STATUS_OK
 
     def __post_init__(self):
-        for name, lo, hi in (("session", 0, U64), ("generation", 0, U32), ("round", 0, U32),
-                             ("attempt", 0, U16), ("context_version", 0, U32),
-                             ("n_slots", 1, U16), ("depth", 1, 255), ("reply_bytes", 0, U32),
-                             ("reply_crc32", 0, U32), ("step_digest", 0, U32)):
-            _int(f"completion.{name}", getattr(self, name), lo, hi)
-        _enum("completion.status", self.status, {STATUS_OK, STATUS_ABORTED})
+        _uints(self, _COMPLETION_INTS)
+        _set(self, "status", R.enum("completion.status", self.status,
+                                    {STATUS_OK, STATUS_ABORTED}))
 
 
 @dataclass(frozen=True)
 class CommitSlot:
     """accepted draft count, the correction/bonus token, the new committed
     position (absolute position after the committed tokens); ``fallback``:
-    the proposal was discarded and ``token`` came from target-only sampling."""
+    the proposal was discarded and ``token`` came from target-only sampling.
+    ``token`` in [0, 2**31 - 1] (``OutOfRangeId``; decode also checks it
+    against the negotiated vocabulary); ``fallback`` a bool."""
 
     slot: int
     accepted: int
@@ -321,10 +357,9 @@ class CommitSlot:
     fallback: bool = False
 
     def __post_init__(self):
-        _int("commit.slot", self.slot, 0, U16)
-        _int("commit.accepted", self.accepted, 0, 255)
-        _int("commit.token", self.token, 0, (1 << 31) - 1)
-        _int("commit.new_position", self.new_position, 0, U32)
+        _uints(self, _COMMIT_SLOT_INTS)
+        _set(self, "token", R.token_id("commit.token", self.token))
+        _set(self, "fallback", R.flag("commit.fallback", self.fallback))
         if self.fallback and self.accepted:
             raise E.NonCanonicalEncoding("commit.accepted",
                                          "a fallback round accepts no draft tokens")
@@ -332,7 +367,8 @@ class CommitSlot:
 
 @dataclass(frozen=True)
 class Commit:
-    """Verifier -> drafter: the outcome of a round for every slot."""
+    """Verifier -> drafter: the outcome of a round for every slot (1..65535
+    CommitSlot with distinct slot ids)."""
 
     session: int
     generation: int
@@ -340,14 +376,8 @@ class Commit:
     slots: tuple
 
     def __post_init__(self):
-        _int("commit.session", self.session, 0, U64)
-        _int("commit.generation", self.generation, 0, U32)
-        _int("commit.round", self.round, 0, U32)
-        object.__setattr__(self, "slots", tuple(self.slots))
-        if not 1 <= len(self.slots) <= U16:
-            raise E.UnexpectedSize("commit.slots", f"count {len(self.slots)} not in [1, 65535]")
-        if not all(isinstance(s, CommitSlot) for s in self.slots):
-            raise E.NonCanonicalEncoding("commit.slots", "entries must be CommitSlot")
+        _uints(self, _COMMIT_INTS)
+        _set(self, "slots", R.items("commit.slots", self.slots, CommitSlot, lambda s: s.slot))
 
 
 @dataclass(frozen=True)
@@ -360,7 +390,25 @@ class Reset:
     reason: int = RESET_USER
 
     def __post_init__(self):
-        _int("reset.session", self.session, 0, U64)
-        _int("reset.new_generation", self.new_generation, 0, U32)
-        _enum("reset.reason", self.reason, {RESET_USER, RESET_TIMEOUT, RESET_CORRUPT,
-                                            RESET_RECONNECT, RESET_PROTOCOL})
+        _uints(self, _RESET_INTS)
+        _set(self, "reason", R.enum("reset.reason", self.reason,
+                                    {RESET_USER, RESET_TIMEOUT, RESET_CORRUPT, RESET_RECONNECT,
+                                     RESET_PROTOCOL}))
+
+
+# Integer fields of each message: (name, error label, lo, hi).
+_HELLO_SIZES = _spec("hello", ("vocab_size", 1, MAX_VOCAB), ("dense_width", 0, U32))
+_HELLO_BOUNDS = _spec("hello", ("max_slots", 1, U16), ("max_depth", 1, U8),
+                      ("max_frame_bytes", 64, U32))
+_STEP_SLOT_INTS = _spec("step", ("slot", 0, U16), ("anchor_position", 0, U32), ("seed", 0, U64))
+_STEP_INTS = _spec("step", ("session", 0, U64), ("generation", 0, U32), ("round", 0, U32),
+                   ("attempt", 0, U16), ("depth", 1, U8), ("context_version", 0, U32),
+                   ("top_k", 0, U32))
+_COMPLETION_INTS = _spec("completion", ("session", 0, U64), ("generation", 0, U32),
+                         ("round", 0, U32), ("attempt", 0, U16), ("context_version", 0, U32),
+                         ("n_slots", 1, U16), ("depth", 1, U8), ("reply_bytes", 0, U32),
+                         ("reply_crc32", 0, U32), ("step_digest", 0, U32))
+_COMMIT_SLOT_INTS = _spec("commit", ("slot", 0, U16), ("accepted", 0, U8),
+                          ("new_position", 0, U32))
+_COMMIT_INTS = _spec("commit", ("session", 0, U64), ("generation", 0, U32), ("round", 0, U32))
+_RESET_INTS = _spec("reset", ("session", 0, U64), ("new_generation", 0, U32))

@@ -14,7 +14,11 @@ COMPLETION, re-sends the cached identical q for a retry of the same round
 invalidates every cached/in-flight proposal) and COMMIT.
 
 Both sides count every failure in ``counters`` (keyed by ``WireError.rule``
-plus a few events: "reset", "retry", "proposal", "discarded").
+plus a few events: "reset", "retry", "proposal", "discarded").  A message
+handed to ``on_message`` directly (not through ``on_frame``) is checked
+against the agreement's limits exactly as ``decode`` checks a frame.  An
+error kept in a ``Discarded`` carries no traceback, so keeping it keeps
+nothing of the frame it refused.
 """
 
 import hashlib
@@ -26,7 +30,8 @@ import numpy as np
 
 from .._types import Dyadic
 from . import _errors as E
-from ._codec import Limits, decode, encode, step_digest
+from . import _rules as R
+from ._codec import Limits, check_limits, decode, encode, step_digest
 from ._messages import (REPR_SPARSE, ROLE_DRAFTER, ROLE_VERIFIER, STATUS_ABORTED, STATUS_OK,
                         Commit, Completion, Hello, Reply, Reset, Step, StepSlot)
 
@@ -87,8 +92,12 @@ def negotiate(local, remote):
 
 
 def prefix_digest(tokens):
-    """32-byte SHA-256 of a committed prefix (int32 little-endian token ids)."""
-    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).digest()
+    """32-byte SHA-256 of a committed prefix (int32 little-endian token ids).
+
+    ``tokens``: integer ids that fit int32 (``OutOfRangeId`` naming the index
+    otherwise; never wrapped)."""
+    ids = R.int_array("tokens", tokens, np.int32, E.OutOfRangeId)
+    return hashlib.sha256(ids.astype("<i4", copy=False).tobytes()).digest()
 
 
 @dataclass(frozen=True)
@@ -111,10 +120,20 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Discarded:
-    """The whole unverified proposal of ``step`` was dropped because of ``error``."""
+    """The whole unverified proposal of ``step`` was dropped because of ``error``
+    (a ``WireError`` without traceback or context)."""
 
     step: Step
     error: E.WireError
+
+
+def _detached(err):
+    """The error without its traceback and context chain (they would keep the
+    refused frame and the decoder's arrays alive for as long as the error)."""
+    err.__traceback__ = None
+    err.__context__ = None
+    err.__cause__ = None
+    return err
 
 
 class _Negotiating:
@@ -155,20 +174,20 @@ class VerifierSession(_Negotiating):
 
     # -- rounds
     def begin_round(self, slots, *, depth, top_k, temperature=1.0, context_version=0):
-        """STEP for this round; slots: StepSlot list.  Requires negotiation."""
+        """STEP for this round; slots: StepSlot list.  Requires negotiation.
+
+        ``temperature`` must be exactly an FP32 value (e.g.
+        ``float(np.float32(t))``): it is sent as it is, never rounded.  The
+        STEP must fit the agreement (slots, depth, top_k: ``LimitExceeded``)."""
         if self.agreement is None:
             raise E.NegotiationError("step", "no sampled request before HELLO negotiation")
         if self.in_flight:
             raise E.UnexpectedMessage("step", f"round {self.round} is still in flight")
-        lim = self.agreement.limits
-        if depth > lim.max_depth or len(slots) > lim.max_slots:
-            raise E.LimitExceeded("step", f"depth {depth} / slots {len(slots)} above the "
-                                          f"negotiated {lim.max_depth} / {lim.max_slots}")
-        if top_k > lim.max_support or (top_k == 0 and not lim.dense_width):
-            raise E.LimitExceeded("step.top_k", f"{top_k} not allowed by the agreement")
-        self._start(Step(session=self.session, generation=self.generation, round=self.round,
-                         attempt=0, depth=depth, context_version=context_version, top_k=top_k,
-                         temperature=float(np.float32(temperature)), slots=tuple(slots)))
+        step = Step(session=self.session, generation=self.generation, round=self.round,
+                    attempt=0, depth=depth, context_version=context_version, top_k=top_k,
+                    temperature=temperature, slots=tuple(slots))
+        check_limits(step, self.agreement.limits)
+        self._start(step)
         return self._step
 
     def retry(self):
@@ -187,6 +206,7 @@ class VerifierSession(_Negotiating):
         self._step, self._digest, self._reply, self._done = step, step_digest(step), None, False
 
     def _fail(self, err):
+        err = _detached(err)
         self.counters[err.rule] += 1
         if not self.in_flight:
             return None
@@ -210,9 +230,16 @@ class VerifierSession(_Negotiating):
         return self.on_message(msg, bytes(data))
 
     def on_message(self, msg, frame=None):
+        """Feed one message (``frame``: its received bytes, default ``encode(msg)``):
+        Proposal, Discarded, or None.  The message is checked against the
+        agreement's limits first (as ``decode`` checks a frame)."""
         if not isinstance(msg, (Reply, Completion)):
             return self._fail(E.UnexpectedMessage(type(msg).__name__,
                                                   "verifier expects REPLY/COMPLETION only"))
+        try:
+            check_limits(msg, self.limits)
+        except E.WireError as err:
+            return self._fail(err)
         if msg.session != self.session:
             return self._fail(E.IdentityMismatch("session", f"{msg.session} != {self.session}"))
         name = type(msg).__name__.lower()
@@ -273,7 +300,7 @@ class VerifierSession(_Negotiating):
         self._done = True
         self._reply = None
         self.counters["proposal"] += 1
-        return Proposal(step, reply.sampled, reply.to_dyadic(self.agreement.vocab_size))
+        return Proposal(step, reply.sampled, reply.to_dyadic())
 
     def reset(self, reason):
         """Invalidate the generation and every in-flight slot; returns the RESET to send."""
@@ -333,6 +360,7 @@ class DrafterSession(_Negotiating):
             return [encode(self.local)]
         if self.agreement is None:
             raise E.NegotiationError(type(msg).__name__.lower(), "before HELLO negotiation")
+        check_limits(msg, self.limits)
         if self.session is None:
             self.session = msg.session
         if msg.session != self.session:
