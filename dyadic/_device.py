@@ -13,9 +13,14 @@ types and messages; the call synchronises to read the per-row status.
 closed (tokens / ids -1, counts 0, accepted 0) and its code (``dyadic._status``)
 is written to the per-row status array, which is returned as
 ``Verdict.status`` (verify) or written into ``out["status"]`` (propose,
-allocate).  Structural rules (shapes, dtypes) raise in both modes.  A draft
-id outside [0, V) fails its request with Q_ZERO_AT_DRAFT (check=True raises
-the CPU path's "token ids must be in [0, V)" first).
+allocate).  Structural rules (shapes, dtypes) raise in both modes.  The
+kernels check what they index with themselves, in the CPU backend's order per
+request: the target rows, then the draft ids (an id outside [0, V):
+DRAFT_OUT_OF_RANGE, greedy requests too; check=True raises the CPU path's
+"token ids must be in [0, V)" first), then, for non-greedy requests, the q rows
+(a sparse row breaking a Dyadic rule, a dense count above 2**24 at the draft:
+Q_INVALID), then q(d) > 0 (Q_ZERO_AT_DRAFT).  Any batch size runs (rows beyond
+the grid's 65535 y blocks go to its z dimension).
 
 ``check="lazy"`` (verify only): like ``check=False``, but a request's target
 rows are read and validated only where its decisions need them: the value

@@ -240,13 +240,15 @@ def test_device_check_false_fail_closed(cuda):
                       None, keys, backend=cuda, check=False)
     assert r.status.cpu().tolist() == [0, 0, _status.TARGET_SUM]
     assert r.tokens[2].cpu().tolist() == [-1, -1, -1]
-    # draft ids outside [0, V): that request fails closed, no read at the bad id
+    # draft ids outside [0, V): that request fails closed (greedy requests too), no read
+    # at the bad id
     p = _target(rng, 4, 3, 500)
     d = torch.tensor([[1, 2], [3, 500], [-1, 0], [4, 5]], dtype=torch.int32, device="cuda")
     for greedy in (None, torch.tensor([False, True, True, False], device="cuda")):
         r = dyadic.verify(torch.from_numpy(p).cuda(), d, None, keys, greedy=greedy, backend=cuda,
                           check=False)
-        assert r.status.cpu().tolist() == [0, _status.Q_ZERO_AT_DRAFT, _status.Q_ZERO_AT_DRAFT, 0]
+        assert r.status.cpu().tolist() == [0, _status.DRAFT_OUT_OF_RANGE,
+                                           _status.DRAFT_OUT_OF_RANGE, 0]
         assert r.tokens[1:3].cpu().tolist() == [[-1, -1, -1]] * 2
         assert r.accepted[1:3].cpu().tolist() == [0, 0]
 

@@ -3,8 +3,8 @@
 
 GPU tests (skip without CuPy + torch CUDA): on valid input dc_vone, the two launches and
 the CPU backend give the same accepted counts and tokens; on invalid input dc_vone gives
-the statuses of the two launches (the first invalid row in order, then the first bad
-draft) and fails only those requests closed, bit for bit with the two launches; both
+the statuses of the two launches (the first invalid row in order, then a draft id out of
+range, then the first draft with q(d) = 0) and fails only those requests closed, bit for bit with the two launches; both
 check=True paths raise the same message; the host picks dc_vone where its grid fits one
 wave (DYADIC_CUDA_VONE=1 forces it, =0 never).
 """
@@ -99,7 +99,7 @@ def _broken(rng, qkind, v=4097, k=5):
     want[2] = _status.TARGET_SUM
     # 3: a draft id at V (after the first test, whatever it decides)
     draft[3, 2] = v
-    want[3] = _status.Q_ZERO_AT_DRAFT
+    want[3] = _status.DRAFT_OUT_OF_RANGE
     # 4: a draft where q is zero (dense: a zero count; sparse: outside the support)
     if q is not None:
         row = np.asarray(q.counts)[4, 1] if q.ids is None else None

@@ -74,6 +74,15 @@ target fixed point, acceptance split, residual, status codes) is the shared
 core ``backends/include/dyadic_core.h``, the same source as the CPU backend;
 ``dyadic_cuda.cuh`` holds only the parallel primitives.
 
+Any batch size: a kernel with one row (request) per grid y index is launched on
+grid (x, y, z) with the rows over y and z (_rgrid; dc_grid_row in the kernels: both
+dimensions are limited to 65535), and the blocks past the last row end at once.
+
+The kernels check every id they address memory with (draft ids, sparse q ids; a
+sparse draw row) and fail that row closed with its status (dyadic._device's docstring
+gives the order); the host refuses the shapes they would index beyond (_verify_shapes,
+key arrays of a length other than 1 or B).
+
 Scratch buffers are shared by the calls on one device: do not run two dyadic
 calls concurrently on different streams of the same device.
 """
@@ -373,6 +382,20 @@ def _vone_tile(v, batch, k1, nsm):
     return _vf_tile(v, batch, nsm) if batch * k1 * v <= _VONE_MAXELEM else 0
 
 
+_GRID_YZ = 65535  # the largest grid y and z
+
+
+def _rgrid(nx, rows):
+    """The grid (nx, y, z) of a kernel with one row (request) per grid y index and nx
+    blocks per row: rows over y and z (each at most 65535; dc_grid_row in the kernel),
+    z = ceil(rows / 65535), y = ceil(rows / z): y * z - rows < z blocks of each x lie past
+    the last row and end at once (the kernel's row count argument)."""
+    if rows <= _GRID_YZ:
+        return (nx, rows, 1)
+    z = -(-rows // _GRID_YZ)
+    return (nx, -(-rows // z), z)
+
+
 def _tile_for(v, rows, nsm, cap, per_sm=4):
     """Tile length (a multiple of 1024, at most cap) giving >= ~per_sm blocks per SM."""
     want = max(1, int(-(-per_sm * nsm // max(rows, 1))))
@@ -539,10 +562,15 @@ class _Call:
                 a[...] = d.get()
 
 
-def _len(a):
-    if isinstance(a, np.ndarray) or _is_torch(a) or hasattr(a, "shape"):
-        return int(a.shape[0]) if len(a.shape) else 1
-    return len(a.__cuda_array_interface__["shape"])
+def _count(a):
+    """The number of entries of a device (or host) array."""
+    shape = getattr(a, "shape", None)
+    if shape is None:
+        shape = a.__cuda_array_interface__["shape"]
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _itemsize(a):
@@ -567,7 +595,10 @@ def _keys(call, seed, generation, round_, position, batch):
             f = 0
         else:
             break
-        if batch != 1 and a.numel() == 1:
+        n = a.numel()
+        if n != batch:  # length 1: broadcast; any other length: the checks below
+            if n != 1:
+                break
             f |= 2
         fmt |= f << j
         j += 2
@@ -584,9 +615,13 @@ def _keys(call, seed, generation, round_, position, batch):
         return ptrs, 0b01010101
     ptrs, fmt = [], 0
     for j, a in enumerate((seed, generation, round_, position)):
+        n = a.numel() if _is_torch(a) else _count(a)
+        if n not in (1, batch):  # the kernels read entry `row` (or 0 when broadcast)
+            raise ValueError(f"keys: {('seed', 'generation', 'round', 'position')[j]} has {n} "
+                             f"entries; expected 1 or the batch {batch}")
         if _is_torch(a):  # hot path
             size = a.element_size()
-            f = (1 if size == 8 else 0) | (2 if a.shape[0] == 1 and batch != 1 else 0)
+            f = (1 if size == 8 else 0) | (2 if n == 1 and batch != 1 else 0)
             if size in (4, 8):
                 fmt |= f << (2 * j)
                 ptrs.append(np.uint64(a.data_ptr()))
@@ -594,7 +629,7 @@ def _keys(call, seed, generation, round_, position, batch):
         size = _itemsize(a)
         if size not in (4, 8):
             raise TypeError(f"keys: device key arrays need 4- or 8-byte integers, got {size} bytes")
-        f = (1 if size == 8 else 0) | (2 if _len(a) == 1 and batch != 1 else 0)
+        f = (1 if size == 8 else 0) | (2 if n == 1 and batch != 1 else 0)
         fmt |= f << (2 * j)
         ptrs.append(call(a))
     return ptrs, fmt
@@ -616,16 +651,53 @@ def _x_code(x):
 def _verify_setup(target, q_counts, seed, generation, round, position, ins, outs):
     """What both verify paths start with: (batch, k, V, q width, the _Call, key pointers,
     key format, the pointers of ``ins``, the pointers of ``outs``); drafts deeper than the
-    kernels take are refused here."""
+    kernels take are refused here, and so is every shape the kernels would index beyond
+    (_verify_shapes: ``ins`` = target, draft, q counts, q ids[, greedy], ``outs`` =
+    accepted, tokens, status)."""
     batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
     k = k1 - 1
     if k > _MAX_K_VERIFY:
         raise ValueError(f"draft: backend 'cuda' verifies at most {_MAX_K_VERIFY} draft "
                          f"tokens per request, got k={k}")
+    _verify_shapes(batch, k, v, ins, outs)
     call = _Call()
     w = 0 if q_counts is None else int(q_counts.shape[-1])
     kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
     return batch, k, v, w, call, kptrs, kfmt, call.many(ins), call.many(outs, True)
+
+
+def _shape_of(a):
+    if a is None:
+        return None
+    sh = getattr(a, "shape", None)
+    return tuple(a.__cuda_array_interface__["shape"]) if sh is None else tuple(sh)
+
+
+def _verify_shapes(batch, k, v, ins, outs):
+    """verify's structural rules on the arrays the kernels index (ValueError naming the
+    array): draft [B, k]; q counts [B, k, W] with ids of the same shape, or a dense row
+    of V counts (W = V: the kernels read a dense row at ids < V only); greedy flags [B];
+    accepted [B], tokens [B, k+1], status [B].  The kernels' own checks cover the
+    values (draft ids, sparse q rows)."""
+    qc, qi = ins[2], ins[3]
+    for name, a, shape in (("draft", ins[1], (batch, k)), ("accepted", outs[0], (batch,)),
+                           ("tokens", outs[1], (batch, k + 1)), ("status", outs[2], (batch,)),
+                           ("greedy", ins[4] if len(ins) > 4 else None, (batch,))):
+        if (a is not None or name != "greedy") and _shape_of(a) != shape:
+            raise ValueError(f"{name}: shape {_shape_of(a)} must be {shape}")
+    if qc is None:
+        if qi is not None:
+            raise ValueError("q_ids: given without q_counts")
+        return
+    sc = _shape_of(qc)
+    if len(sc) != 3 or sc[:2] != (batch, k):
+        raise ValueError(f"q_counts: shape {sc} must be (B, k, W) = ({batch}, {k}, W)")
+    if qi is None:
+        if sc[2] != v:
+            raise ValueError(f"q_counts: a dense q row has {sc[2]} counts; it must have the "
+                             f"target's vocabulary V = {v}")
+    elif _shape_of(qi) != sc:
+        raise ValueError(f"q_ids: shape {_shape_of(qi)} must be q_counts' {sc}")
 
 
 def _pk_route(top_k, bias_ok, batch, v, packed_ok=False):
@@ -656,7 +728,7 @@ def _pk_variant(plan, common, vec):
     """(r32, chunk32, kernel, grid) of a pk launch: pk_topk4 / 4w / 4x (the plan's packed
     variants, [0] its auto choice) for 16-bit logits (x code 1 / 2) without bias on 16-byte
     loads, else the plan's pk_topk2 / pk_topk3."""
-    r32, chunk32, fn, grid, _, _, _, packed = plan
+    r32, chunk32, fn, grid, _, _, _, _, packed = plan
     if vec and _PK4 and common[1] != 0 and common[2] is _NULL and common[6]:
         return packed[max(_PK4, 0)]
     return r32, chunk32, fn, grid
@@ -664,10 +736,11 @@ def _pk_variant(plan, common, vec):
 
 def _pk_args(plan, variant, common, k, policy, do_draw, kptrs, kfmt32, outs, vec32):
     """A pk launch's arguments: ``common``, the variant's tile words, the key pointers and
-    format, the plan's scratch, ``outs``, then ``vec32`` (None: pk_topk2, no such word)."""
+    format, the plan's scratch, ``outs``, then ``vec32`` (None: pk_topk2, no such word),
+    then the row count (the plan's)."""
     args = (common + (_I32[k], variant[0], variant[1], _I32[policy], _I32[do_draw], *kptrs,
                       kfmt32) + plan[6] + tuple(outs))
-    return args if vec32 is None else args + (vec32,)
+    return (args if vec32 is None else args + (vec32,)) + (plan[7],)
 
 
 def _pk_run(plan, wide, common, k, policy, do_draw, kptrs, kfmt, outs):
@@ -749,10 +822,10 @@ def _da_launches(plan, common, policy, vec32, cnt, cvec32, st):
     CupyBackend._da_plan; ``common`` as _pk_run's)."""
     dt, nti, state, cand_r, cand_i, fine, kmax, ksum, kfloor, kmark, kdraw, batch = plan
     base = common + (dt, vec32)
-    pol = _I32[policy]
-    return ((kmax, base + (state,)), (ksum, base + (state,)),
-            (kfloor, base + (pol, fine, state)),
-            (kmark, base + (pol, state, cand_r, cand_i, cnt, cvec32, st)))
+    pol, rows = _I32[policy], _I32[batch]
+    return ((kmax, base + (state, rows)), (ksum, base + (state, rows)),
+            (kfloor, base + (pol, fine, state, rows)),
+            (kmark, base + (pol, state, cand_r, cand_i, cnt, cvec32, st, rows)))
 
 
 def _draw_args(counts, ids, w32, kptrs, kfmt32, tokens):
@@ -765,7 +838,7 @@ def _da_run(plan, common, v, policy, do_draw, kptrs, kfmt, cnt, st, tk):
     (as _pk_run's), the key pointers and format, and the counts / status / tokens pointers
     (tokens _NULL without a draw)."""
     vec, cvec = _da_vec(int(common[1]), int(common[0]), v, int(cnt))
-    grid, blk = (plan[1], plan[11]), (256,)
+    grid, blk = _rgrid(plan[1], plan[11]), (256,)
     for kern, args in _da_launches(plan, common, policy, _I32[vec], cnt, _I32[cvec], st):
         kern(grid, blk, args)
     if do_draw:
@@ -775,7 +848,7 @@ def _da_run(plan, common, v, policy, do_draw, kptrs, kfmt, cnt, st, tk):
 def _da_fast(plan, head, tail, policy, code, v):
     """``run(x_ptr, temp_ptr, counts, ids, status)``: _da_run's four launches for x without
     bias and no draw (``head`` / ``tail``: _common_parts), through launch.Bound."""
-    grid = (plan[1], plan[11])
+    grid = _rgrid(plan[1], plan[11])
     bounds = [_launch.Bound(kern, grid, (256,), args) for kern, args in _da_launches(
         plan, (_VX, *head, _VTEMP, *tail), policy, _VVEC, _VCNT, _VCVEC, _VST)]
     ix, it, iv = (bounds[0].pos[n] for n in ("x", "temp", "vec"))  # the same in all four
@@ -809,7 +882,7 @@ def _v12_args(plan, t, d, qc, qi, w, g, batch, k, v, kptrs, kfmt32, a, tk, st, v
     return ((t, d, qc, qi, w32, g, _I32[batch], k32, v32, nt1, plo, phi, pmax, pbad, *kptrs,
              kfmt32, res_row, res_t, a, tk, st, vcnt, vt, vec_t32),
             (t, d, qc, qi, w32, k32, v32, nrt2, *kptrs, kfmt32, res_row, res_t, rpart, a, tk,
-             st, rcnt, rt, vec_t32, vec_q32))
+             st, rcnt, rt, vec_t32, vec_q32, _I32[batch]))
 
 
 def _v12_vec(t, qc, qi, v):
@@ -837,41 +910,50 @@ def _vf_vec(t, qc, qi, v):
     return vec, vec and bool(qc) and not qi and qc % 16 == 0
 
 
+def _vf_acap(v):
+    """Entries of a row's list of ambiguous ids (dc_vfused, dc_vone): _VF_ACAP, at most V
+    (a row lists each of its ids at most once: a list of V entries never fills, and the
+    results do not depend on the capacity; the lists of large batches at small V stay
+    small)."""
+    return min(_VF_ACAP, v)
+
+
 def _vf_row_buffers(batch, k1, nt, v):
     """The per-row scratch of dc_vfused and dc_vone: tile records (6 u64 per request, row
     and tile), 64-id chunk records, the ambiguous-id lists and their counters."""
     return (scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
             scratch("vf_rchunk", 16 * batch * k1 * ((v + 63) // 64)),
-            scratch("vf_alist", 16 * batch * k1 * _VF_ACAP), scratch("vf_acnt", 4 * batch * k1))
+            scratch("vf_alist", 16 * batch * k1 * _vf_acap(v)),
+            scratch("vf_acnt", 4 * batch * k1))
 
 
 def _vf_args(plan, t, d, qc, qi, w, kptrs, kfmt32, a, tk, st, k, v, vec32, vec_q32):
     """dc_vfused's arguments (plan: CupyBackend._vf_plan; pointers)."""
-    vt, nt32, acap, pre, kern, grid, block, _, ptrs = plan
+    vt, nt32, acap, pre, rows, kern, grid, block, _, ptrs = plan
     tpart, rchunk, alist, acnt, cnt = ptrs
     return (t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, kfmt32, tpart, rchunk,
-            alist, acnt, acap, a, tk, st, cnt, vt, pre, vec32, vec_q32)
+            alist, acnt, acap, a, tk, st, cnt, vt, pre, vec32, vec_q32, rows)
 
 
 def _vone_args(plan, t, d, qc, qi, w, kptrs, kfmt32, a, tk, st, k, v, vec32, vec_q32):
     """dc_vone's arguments (plan: CupyBackend._vone_plan; pointers)."""
-    vt, nt32, acap, kern, grid, block, _, ptrs = plan
+    vt, nt32, acap, rows, kern, grid, block, _, ptrs = plan
     tpart, rchunk, alist, acnt, cnt, tz = ptrs
     return (t, d, qc, qi, _I32[w], _I32[k], _I32[v], nt32, *kptrs, kfmt32, tpart, rchunk,
-            alist, acnt, acap, a, tk, st, cnt, tz, vt, vec32, vec_q32)
+            alist, acnt, acap, a, tk, st, cnt, tz, vt, vec32, vec_q32, rows)
 
 
 def _vf_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
     """One launch of dc_vfused (plan: CupyBackend._vf_plan); every array a pointer."""
     vec, vec_q = _vf_vec(int(t), int(qc), int(qi), v)
-    plan[4].launch(plan[5], plan[6], _vf_args(plan, t, d, qc, qi, w, kptrs, _I32[kfmt], a, tk,
+    plan[5].launch(plan[6], plan[7], _vf_args(plan, t, d, qc, qi, w, kptrs, _I32[kfmt], a, tk,
                                               st, k, v, _I32[vec], _I32[vec_q]))
 
 
 def _vone_run(plan, t, d, qc, qi, w, kptrs, kfmt, a, tk, st, k, v):
     """One launch of dc_vone (plan: CupyBackend._vone_plan); every array a pointer."""
     vec, vec_q = _vf_vec(int(t), int(qc), int(qi), v)
-    plan[3].launch(plan[4], plan[5], _vone_args(plan, t, d, qc, qi, w, kptrs, _I32[kfmt], a,
+    plan[4].launch(plan[5], plan[6], _vone_args(plan, t, d, qc, qi, w, kptrs, _I32[kfmt], a,
                                                 tk, st, k, v, _I32[vec], _I32[vec_q]))
 
 
@@ -1012,8 +1094,8 @@ class CupyBackend:
                              *kptrs, _I32[kfmt], cand_key, cand_id,
                              tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt,
                              call(tokens, True), call(counts, True), call(ids, True),
-                             call(status, True))
-            _kernel("dc_topk")((ntiles, batch), (256,), args)
+                             call(status, True), _I32[batch])
+            _kernel("dc_topk")(_rgrid(ntiles, batch), (256,), args)
         elif _DENSE_MODE == "mb":
             self._dense_mb(common, batch, v, policy, do_draw, kptrs, kfmt, call, tokens, counts,
                            status)
@@ -1050,15 +1132,15 @@ class CupyBackend:
                                     (chunk,) + _PK4_CHUNKS[1:]):
                     cw = chunk if _PK3_CHUNK else cw
                     rw = -(-v // cw)
-                    packed.append((np.int32(rw), np.int32(cw), _kernel(name), (rw, batch, 1)))
+                    packed.append((np.int32(rw), np.int32(cw), _kernel(name), _rgrid(rw, batch)))
                 fits = [p for p in packed if int(p[0]) * batch <= 2 * _num_sms()]
                 packed = tuple([fits[0] if fits else packed[-1]] + packed)
             plan = (np.int32(r), np.int32(chunk)) + _launch_plan(
-                _kernel("pk_topk3" if wide else "pk_topk2"), (r, batch), (_PK_NT,),
+                _kernel("pk_topk3" if wide else "pk_topk2"), _rgrid(r, batch), (_PK_NT,),
                 (scratch("pk2_cand_key", 8 * batch * r * _PK_CAP),
                  scratch("pk2_cand_id", 4 * batch * r * _PK_CAP),
                  scratch("pk_blk_bad", 8 * batch * r), scratch("pk_counters", 4 * batch))) + (
-                packed,)
+                _I32[batch], packed)
             _PLANS[pk] = plan
         return plan
 
@@ -1197,18 +1279,18 @@ class CupyBackend:
             _PLANS[pk] = plan
         dt, nti, nti32, state, sc, teq, kmax, ksum, kfloor, kpass, ktie, kmark, kdraw, sbytes = plan
         cp.cuda.runtime.memsetAsync(state.data.ptr, 0, sbytes, cp.cuda.get_current_stream().ptr)
-        grid, blk = (nti, batch), (256,)
+        grid, blk, rows = _rgrid(nti, batch), (256,), _I32[batch]
         v32 = common[8]
-        kmax(grid, blk, common + (dt, state))
-        ksum(grid, blk, common + (dt, state))
+        kmax(grid, blk, common + (dt, state, rows))
+        ksum(grid, blk, common + (dt, state, rows))
         cnt = call(counts, True)
         kfloor(grid, blk, common + (dt, np.int32(policy), state, sc, cnt, call(status, True),
-                                    np.int32(_DENSE_RECIP)))
+                                    np.int32(_DENSE_RECIP), rows))
         if policy == 0:
             for _ in range(_DD_PASSES):
-                kpass(grid, blk, (v32, dt, state, sc))
-            ktie(grid, blk, (v32, dt, nti32, state, sc, teq))
-            kmark(grid, blk, (v32, dt, nti32, state, sc, teq, cnt))
+                kpass(grid, blk, (v32, dt, state, sc, rows))
+            ktie(grid, blk, (v32, dt, nti32, state, sc, teq, rows))
+            kmark(grid, blk, (v32, dt, nti32, state, sc, teq, cnt, rows))
         if do_draw:
             kdraw((batch,), (256,), (cnt, _NULL, v32, *kptrs, np.int32(kfmt), call(tokens, True)))
 
@@ -1225,6 +1307,10 @@ class CupyBackend:
     def draw(self, counts, ids, seed, generation, round, position, tokens):
         call = _Call()
         batch, w = int(counts.shape[0]), int(counts.shape[1])
+        if ids is not None and _shape_of(ids) != _shape_of(counts):
+            raise ValueError(f"ids: shape {_shape_of(ids)} must be counts' {_shape_of(counts)}")
+        if _shape_of(tokens) != (batch,):
+            raise ValueError(f"tokens: shape {_shape_of(tokens)} must be ({batch},)")
         kptrs, kfmt = _keys(call, seed, generation, round, position, batch)
         args = (call(counts), call(ids), _I32[w], *kptrs, _I32[kfmt], call(tokens, True))
         _kernel("dc_draw").launch((batch, 1, 1), (256, 1, 1), args)
@@ -1264,15 +1350,16 @@ class CupyBackend:
             _kernel("dc_vpart")((rows, ntiles), (256,),
                                 (t, v32, np.int32(ntiles), part_lo, part_hi, part_max, part_bad))
             _kernel("dc_vchain")((batch,), (32,), chain_args)
-            _kernel("dc_vrpart")((nrt, batch), (256,),
+            _kernel("dc_vrpart")(_rgrid(nrt, batch), (256,),
                                  (t, d, qc, qi, w32, k32, v32, np.int32(nrt), res_row, res_t,
-                                  rpart))
+                                  rpart, np.int32(batch)))
             _kernel("dc_vrdraw")((batch,), (256,), draw_args)
         else:  # two launches: the last block of each request chains / draws
             vcnt = scratch("vcnt", 4 * batch)
             rcnt = scratch("rcnt", 4 * batch)
             _kernel("dc_vpart_chain")((rows, ntiles), (256,), chain_args + (vcnt,))
-            _kernel("dc_vresid_fused")((nrt, batch), (256,), draw_args + (rcnt,))
+            _kernel("dc_vresid_fused")(_rgrid(nrt, batch), (256,),
+                                       draw_args + (rcnt, np.int32(batch)))
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
@@ -1291,13 +1378,13 @@ class CupyBackend:
             rt = _tile_for(v, batch, nsm, 8192)
             nrt2 = (v + rt - 1) // rt
             plan = ((np.int32(nt1), np.int32(vt), np.int32(nrt2), np.int32(rt))
-                    + _launch_plan(_kernel("dc_v1"), (nt1, rows), (256,), (
+                    + _launch_plan(_kernel("dc_v1"), _rgrid(nt1, rows), (256,), (
                         scratch("part_lo", 8 * rows * nt1), scratch("part_hi", 8 * rows * nt1),
                         scratch("part_max", 8 * rows * nt1),
                         scratch("part_bad", 4 * rows * nt1), scratch("res_row", 4 * batch),
                         scratch("res_T", 8 * batch), scratch("rpart", 16 * batch * nrt2),
                         scratch("vcnt", 4 * batch), scratch("rcnt", 4 * batch)))
-                    + (_kernel("dc_v2"), (nrt2, batch, 1)))
+                    + (_kernel("dc_v2"), _rgrid(nrt2, batch)))
             _PLANS[pk] = plan
         return plan
 
@@ -1317,7 +1404,7 @@ class CupyBackend:
                 return None
             dev = _device_id()
             plan = self._vf_plan(batch, k1, v, dev)
-            go = _verify_fast(plan[4], plan[5], plan[6], _vf_args(
+            go = _verify_fast(plan[5], plan[6], plan[7], _vf_args(
                 plan, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
                 _VVECQ))
 
@@ -1328,7 +1415,7 @@ class CupyBackend:
         dev = _device_id()
         one = not greedy and self._vone_plan(batch, k1, v, dev)
         if one:
-            go = _verify_fast(one[3], one[4], one[5], _vone_args(
+            go = _verify_fast(one[4], one[5], one[6], _vone_args(
                 one, _VT, _VD, _VQC, _VQI, w, _VKEYS, _VKFMT, _VA, _VTK, _VST, k, v, _VVEC,
                 _VVECQ))
 
@@ -1389,9 +1476,10 @@ class CupyBackend:
         if plan is None:
             vt = _vf_tile(v, batch, _num_sms())
             nt = (v + vt - 1) // vt  # <= 128 for v <= _VF_MAXV
-            plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP], _I32[batch <= _LAZY_PRE])
+            plan = ((_I32[vt], _I32[nt], _I32[_vf_acap(v)], _I32[batch <= _LAZY_PRE],
+                     _I32[batch])
                     + _launch_plan(_kernel(_vf_kernel(nt, batch, _num_sms())),
-                                   (nt, batch), (256,),
+                                   _rgrid(nt, batch), (256,),
                                    _vf_row_buffers(batch, k1, nt, v)
                                    + (scratch("vf_cnt", 4 * batch),)))
             _PLANS[pk] = plan
@@ -1408,8 +1496,8 @@ class CupyBackend:
             plan = False
             if vt:
                 nt = (v + vt - 1) // vt
-                plan = ((_I32[vt], _I32[nt], _I32[_VF_ACAP])
-                        + _launch_plan(_kernel("dc_vone"), (1 + k1 * nt, batch), (256,),
+                plan = ((_I32[vt], _I32[nt], _I32[_vf_acap(v)], _I32[batch])
+                        + _launch_plan(_kernel("dc_vone"), _rgrid(1 + k1 * nt, batch), (256,),
                                        _vf_row_buffers(batch, k1, nt, v)
                                        + (scratch("vone_cnt", 4 * batch),
                                           scratch("vone_tests", 4 * 64 * batch))))  # VA_TZW
@@ -1442,9 +1530,10 @@ class CupyBackend:
         vec_t = v % 4 == 0 and int(t) % 16 == 0
         vec_q = qc is not _NULL and qi is _NULL and v % 4 == 0 and int(qc) % 16 == 0
         v32, w32, k32 = np.int32(v), np.int32(w), np.int32(k)
-        ka((nt, batch), (256,),
+        rows = np.int32(batch)
+        ka(_rgrid(nt, batch), (256,),
            (t, d, qc, qi, w32, k32, v32, nt32, *kptrs, np.int32(kfmt), plo, phi, pbad, res_row,
-            res_t, a, tk, st, cnt, vt, np.int32(vec_t), pre))
-        kb((nrt, batch), (256,),
+            res_t, a, tk, st, cnt, vt, np.int32(vec_t), pre, rows))
+        kb(_rgrid(nrt, batch), (256,),
            (t, d, qc, qi, w32, k32, v32, nrt32, *kptrs, np.int32(kfmt), res_row, res_t, rpart,
-            rchunk, a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q)))
+            rchunk, a, tk, st, rcnt, rt, np.int32(vec_t), np.int32(vec_q), rows))

@@ -88,9 +88,10 @@ DC_FN void da2_tile(const void* x, int xdt, i64 xoff, int lo, int hi, int vec, f
 
 extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
+    int logits, int greedy_ok, int V, int dt, int vec, u64* state, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y;
+  const int row = dc_grid_row();
+  if (row >= nrows) return;
   bool greedy; const double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
   u64* st = state + (i64)row * DA_RS;
@@ -144,9 +145,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_max(
 
 extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, int vec, u64* state) {
+    int logits, int greedy_ok, int V, int dt, int vec, u64* state, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y;
+  const int row = dc_grid_row();
+  if (row >= nrows) return;
   float4 pre[2];  /* the first batch of the tile, in flight while the row state is read */
   da2_first<2, 1>(pre, x, (i64)row * V, blockIdx.x * dt, min(V, (int)blockIdx.x * dt + dt), vec);
   u64* st = state + (i64)row * DA_RS;
@@ -176,12 +178,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_sum(
 extern "C" __global__ void __launch_bounds__(256, 4) da2_floor(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int vec, int policy, u32* __restrict__ fine,
-    u64* state) {
+    u64* state, int nrows) {
   __shared__ DcShared sh;
   __shared__ u32 hs[DA_NB];
   __shared__ u32 f8[8];
   __shared__ int sbin, sneed, scnt;
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   float4 pre[2];  /* the first batch of the tile, in flight while the row state is read */
   da2_first<2, 1>(pre, x, (i64)row * V, blockIdx.x * dt, min(V, (int)blockIdx.x * dt + dt), vec);
   u64* st = state + (i64)row * DA_RS;
@@ -302,9 +305,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int vec, int policy, u64* state,
     u64* __restrict__ cand_r, u32* __restrict__ cand_i, u32* __restrict__ counts, int cvec,
-    int* status) {
+    int* status, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  const int row = dc_grid_row(), tid = threadIdx.x, lane = tid & 31;
+  if (row >= nrows) return;
   float4 pre[2];  /* the first batch of the tile, in flight while the row state is read */
   da2_first<2, 2>(pre, x, (i64)row * V, blockIdx.x * dt, min(V, (int)blockIdx.x * dt + dt), vec);
   u64* st = state + (i64)row * DA_RS;

@@ -88,6 +88,14 @@ DC_FN u64 rank_key(float xf, const void* bias, int bdt, i64 bidx, double temp, i
 }
 #define DC_KEY_NEG_INF 0x000FFFFFFFFFFFFFull /* dy_order_key(-inf) */
 
+/* ------------------------------------------------------------- grid rows
+ * A kernel with one row (or request) per grid y index takes its row from y and z: the
+ * host launches grid (x, y, z) with z = ceil(nrows / 65535) and y = ceil(nrows / z)
+ * (y and z are at most 65535 each; z = 1 up to 65535 rows), so y * z - nrows < z
+ * blocks of each x lie past the last row and end at once (block-uniform, before any
+ * barrier or counter).  Per-row scratch and counters are indexed by this row. */
+DC_FN int dc_grid_row() { return (int)(blockIdx.y + gridDim.y * blockIdx.z); }
+
 /* --------------------------------------------------------- key fields */
 struct DcKey { u64 seed; u32 gen, rnd, pos; };
 
@@ -165,6 +173,62 @@ DC_FN dy_u128 warp_sum128(dy_u128 v) {
     v = dy_add128(v, w);
   }
   return v;
+}
+
+/* --------------------------------------------------------- sparse rows
+ * Entry j of a sparse q row against the Dyadic rules over ids [0, bound)
+ * (dy_sparse_row_valid of the core, entry by entry): padding (id -1) has count 0;
+ * a valid id lies in [0, bound), has a count <= 2^24 and follows a valid, smaller
+ * id (prev: entry j - 1's id; first: j == 0).  The row is valid when every entry
+ * is and its counts sum to exactly 2^24. */
+DC_FN bool dc_sparse_entry_ok(int id, u32 c, int prev, bool first, int bound) {
+  if (id == DY_PAD_ID) return c == 0u;
+  return id >= 0 && id < bound && c <= DY_TOTAL && (first || (prev >= 0 && prev < id));
+}
+
+/* One warp (every lane calls it and gets the results): whether the sparse q row
+ * (counts qc, ids qi, W entries) is valid over [0, bound) (dc_sparse_entry_ok, sum
+ * 2^24), and *cd = the count of the last entry whose id is d when match (dy_q_count's
+ * sparse rule), else 0.  One pass of W / 32 loads of each array per lane. */
+DC_FN bool dc_sparse_row_scan(const u32* qc, const int* qi, int W, int bound, int d, bool match,
+                              u32* cd) {
+  const int lane = threadIdx.x & 31;
+  bool ok = true;
+  u64 sum = 0;
+  u32 c_at = 0;
+  int carry = DY_PAD_ID;  /* the id of the entry before this pass's first */
+  for (int j0 = 0; j0 < W; j0 += 32) {
+    const int j = j0 + lane;
+    const int id = j < W ? qi[j] : DY_PAD_ID;
+    const u32 c = j < W ? qc[j] : 0u;
+    int prev = __shfl_up_sync(0xffffffffu, id, 1);
+    if (lane == 0) prev = carry;
+    ok &= dc_sparse_entry_ok(id, c, prev, j == 0, bound);
+    sum += c;
+    const unsigned bal = __ballot_sync(0xffffffffu, match && j < W && id == d);
+    if (bal) c_at = __shfl_sync(0xffffffffu, c, 31 - __clz(bal));
+    carry = __shfl_sync(0xffffffffu, id, 31);
+  }
+  *cd = c_at;
+  return __all_sync(0xffffffffu, ok) && warp_sum64(sum) == (u64)DY_TOTAL;
+}
+
+/* Draft qrow of a verify request, its id d (one warp; every lane gets the results):
+ * bit 2 when d lies outside [0, V); bit 1 when its q row breaks a Dyadic rule (sparse:
+ * dc_sparse_row_scan over [0, V); dense: q(d) > 2^24); *cd = q(d) (dy_q_count: dense
+ * qc[d], the last sparse match, 2^24 for the point mass; 0 for an id outside [0, V)).
+ * Nothing is read at d outside [0, V); a dense row is read at d only. */
+DC_FN u32 dc_draft_check(int d, const u32* qc, const int* qi, int W, int V, i64 qrow, u32* cd) {
+  const bool inr = d >= 0 && d < V;
+  u32 bits = inr ? 0u : 2u, c = 0;
+  if (qc && qi) {
+    if (!dc_sparse_row_scan(qc + qrow * W, qi + qrow * W, W, V, d, inr, &c)) bits |= 1u;
+  } else if (inr) {
+    c = qc ? qc[qrow * (i64)V + d] : DY_TOTAL;
+    if (c > DY_TOTAL) bits |= 1u;
+  }
+  *cd = c;
+  return bits;
 }
 
 /* op: 0 sum, 1 max, 2 min.  All threads get the result. */
@@ -306,9 +370,10 @@ DC_FN int block_compact(P pred, E emit, int n, DcShared& sh) {
 
 /* Weighted draw: index of the first element whose running sum of getw exceeds
  * x, where x = drawx(total) (called by one thread; returns false when the RNG
- * is exhausted).  Returns -1 on exhaustion or zero total.  With first0 false
- * the search runs over [lo0, n) with the given x0 (< the sum of that range)
- * and drawx is not called. */
+ * is exhausted).  Returns -1 on exhaustion, a zero total, or an x that no running
+ * sum exceeds (a drawx beyond the total, e.g. a ticket above the counts of a row
+ * that sums to less than 2^24).  With first0 false the search runs over [lo0, n)
+ * with the given x0 (< the sum of that range) and drawx is not called. */
 template <class G, class D>
 DC_FN int block_draw(G getw, int n, D drawx, DcShared& sh, int lo0 = 0, bool first0 = true,
                      dy_u128 x0 = dy_u128{0, 0}) {
@@ -334,7 +399,7 @@ DC_FN int block_draw(G getw, int n, D drawx, DcShared& sh, int lo0 = 0, bool fir
           if (!ok) { if (lane == 0) sh.found = -1; }
           else {
             unsigned bal = __ballot_sync(0xffffffffu, lane < len && dy_lt128(x, inc));
-            if (lane == 0) sh.found = lo + __ffs(bal) - 1;
+            if (lane == 0) sh.found = bal ? lo + __ffs(bal) - 1 : -1;
           }
         } else {
           unsigned bal = __ballot_sync(0xffffffffu, lane < len && dy_lt128(x, inc));
@@ -360,15 +425,15 @@ DC_FN int block_draw(G getw, int n, D drawx, DcShared& sh, int lo0 = 0, bool fir
         for (int w = 0; w < nw; ++w) tot = dy_add128(tot, dy_make128(sh.r64b[w], sh.r64[w]));
         ok = !dy_is_zero128(tot) && drawx(tot, &x);
       }
-      if (!ok) sh.found = -1;
-      else {
+      sh.found = -1;  /* -2 once the segment holding x is found */
+      if (ok) {
         dy_u128 cum = dy_make128(0, 0);
-        sh.found = -2;
         for (int w = 0; w < nw; ++w) {
           dy_u128 nc = dy_add128(cum, dy_make128(sh.r64b[w], sh.r64[w]));
           if (dy_lt128(x, nc)) {
             sh.x = dy_sub128(x, cum);
             sh.ri[0] = lo + w * seg; sh.ri[1] = min(hi, lo + (w + 1) * seg);
+            sh.found = -2;
             break;
           }
           cum = nc;

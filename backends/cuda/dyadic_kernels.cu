@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* tile_bad, u32* counters,
     int* sup_id, u64* sup_key, u64* sup_rem, u32* sup_cnt,
-    int* tokens, u32* counts, int* ids, int* status) {
+    int* tokens, u32* counts, int* ids, int* status, int nrows) {
   __shared__ DcShared sh;
   __shared__ u64 tk[TILE];
   __shared__ DcTopk tp;
@@ -58,7 +58,8 @@ extern "C" __global__ void __launch_bounds__(256) dc_topk(
   __shared__ u64 s_key[DC_KSMALL], s_rem[DC_KSMALL];
   __shared__ int s_id[DC_KSMALL];
   __shared__ u32 s_cnt[DC_KSMALL];
-  const int row = blockIdx.y, tile = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+  const int row = dc_grid_row(), tile = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+  if (row >= nrows) return;
   bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 xoff = (i64)row * V;
   const i64 boff = bias_rows > 1 ? xoff : 0;
@@ -302,7 +303,11 @@ extern "C" __global__ void __launch_bounds__(1024) dc_dense(
 }
 
 /* ------------------------------------------------------------------------
- * draw: one block per row; counts [B, W], ids [B, W] or null. */
+ * draw: one block per row; counts [B, W], ids [B, W] or null.  A sparse row is
+ * checked first (dy_draw_sparse_host of the core: the rules of a Dyadic row over
+ * [0, 2^24), dc_sparse_entry_ok and a sum of 2^24; the draw does not know V): a row
+ * breaking one gives -1, never an id read from it.  A dense row gives the first id
+ * whose running count exceeds the ticket, or -1. */
 extern "C" __global__ void __launch_bounds__(256) dc_draw(
     const u32* counts, const int* ids, int W,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt, int* tokens) {
@@ -311,6 +316,21 @@ extern "C" __global__ void __launch_bounds__(256) dc_draw(
   const u32* c = counts + (i64)row * W;
   DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, row);
   u32 r = key_ticket(key);
+  if (ids) {
+    const int* ir = ids + (i64)row * W;
+    bool ok = true;
+    u64 sum = 0;
+    for (int j = threadIdx.x; j < W; j += blockDim.x) {
+      const u32 cj = c[j];
+      ok &= dc_sparse_entry_ok(ir[j], cj, j ? ir[j - 1] : DY_PAD_ID, j == 0, (int)DY_MAX_VOCAB);
+      sum += cj;
+    }
+    ok = __syncthreads_and(ok) != 0;
+    if (!ok || block_reduce64(sum, 0, sh) != (u64)DY_TOTAL) {  /* block-uniform */
+      if (threadIdx.x == 0) tokens[row] = -1;
+      return;
+    }
+  }
   int j = block_draw([&](int i) { return dy_from64(c[i]); }, W,
                      [&](dy_u128 tot, dy_u128* xo) { *xo = dy_from64(r); return true; }, sh);
   if (threadIdx.x == 0) tokens[row] = j < 0 ? -1 : (ids ? ids[(i64)row * W + j] : j);
@@ -361,27 +381,50 @@ extern "C" __global__ void __launch_bounds__(256) dc_vpart(
 }
 
 /* ------------------------------------------------------------------------
- * verify 2/4: one warp per request: row totals, status, acceptance chain
- * (dy_accept of the shared core). */
-DC_FN void vchain_body(const int b, const int lane,
+ * verify 2/4, every thread of the block: warp 0 sums request b's tile records (row
+ * totals, validity, argmax); the other warps (warp 0 after its sums in a one-warp
+ * block) check the drafts and their q rows (dc_draft_check, a warp per draft) and
+ * keep q_i(d_i); thread 0 then decides, in the CPU backend's order: every target row
+ * (TARGET_INVALID_VALUE, TARGET_SUM), every draft id in [0, V) (DRAFT_OUT_OF_RANGE,
+ * greedy requests too), for a non-greedy request every q row (Q_INVALID), then
+ * q_i(d_i) > 0 (Q_ZERO_AT_DRAFT); a failing request fails closed before anything is
+ * read at a draft id.  Then the acceptance chain (dy_accept of the shared core). */
+DC_FN void vchain_body(const int b,
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
     int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
     const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     int* res_row, u64* res_T, int* accepted, int* tokens, int* status) {
   __shared__ u64 Tl[64], Th[64]; __shared__ int amax[64], badr[64];
+  __shared__ u32 cq[64], idbits[32];
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = (int)(blockDim.x >> 5);
   int* tok = tokens + (i64)b * (k + 1);
-  for (int i = 0; i <= k; ++i) {
-    const i64 o = ((i64)b * (k + 1) + i) * ntiles;
-    dy_u128 s = dy_make128(0, 0); u64 mx = 0; u32 bad = 0;
-    for (int t = lane; t < ntiles; t += 32) {
-      s = dy_add128(s, dy_make128(__ldcg(&part_hi[o + t]), __ldcg(&part_lo[o + t])));
-      u64 m = __ldcg(&part_max[o + t]); mx = m > mx ? m : mx; bad |= __ldcg(&part_bad[o + t]);
+  const i64 qrow = (i64)b * k;
+  if (wid == 0) {
+    for (int i = 0; i <= k; ++i) {
+      const i64 o = ((i64)b * (k + 1) + i) * ntiles;
+      dy_u128 s = dy_make128(0, 0); u64 mx = 0; u32 bad = 0;
+      for (int t = lane; t < ntiles; t += 32) {
+        s = dy_add128(s, dy_make128(__ldcg(&part_hi[o + t]), __ldcg(&part_lo[o + t])));
+        u64 m = __ldcg(&part_max[o + t]); mx = m > mx ? m : mx; bad |= __ldcg(&part_bad[o + t]);
+      }
+      s = warp_sum128(s); mx = warp_max64(mx); bad = __any_sync(0xffffffffu, bad != 0);
+      if (lane == 0 && i < 64) { Tl[i] = s.lo; Th[i] = s.hi; amax[i] = (int)(0xFFFFFFFFu - (u32)mx); badr[i] = bad; }
     }
-    s = warp_sum128(s); mx = warp_max64(mx); bad = __any_sync(0xffffffffu, bad != 0);
-    if (lane == 0 && i < 64) { Tl[i] = s.lo; Th[i] = s.hi; amax[i] = (int)(0xFFFFFFFFu - (u32)mx); badr[i] = bad; }
   }
-  __syncwarp();
-  if (lane != 0) return;
+  {
+    const int w0 = nw > 1 ? 1 : 0;
+    u32 f = 0;
+    for (int i = wid - w0; wid >= w0 && i < k; i += nw - w0) {
+      u32 c;
+      f |= dc_draft_check(draft[qrow + i], qc, qi, W, V, qrow + i, &c);
+      if (lane == 0) cq[i] = c;
+    }
+    if (lane == 0) idbits[wid] = f;
+  }
+  __syncthreads();
+  if (tid != 0) return;
+  u32 ids = 0;
+  for (int w = 0; w < nw; ++w) ids |= idbits[w];
   res_row[b] = -1;
   int code = DY_ST_OK;
   const u64 one = 1ull << DY_TARGET_BITS, tol = one >> DY_TARGET_TOL_BITS;
@@ -390,18 +433,10 @@ DC_FN void vchain_body(const int b, const int lane,
     else if (Th[i] || (Tl[i] > one ? Tl[i] - one : one - Tl[i]) > tol) code = DY_ST_TARGET_SUM;
   }
   const bool g = greedy[b] != 0;
-  const i64 qrow = (i64)b * k;
-  if (!code)
-    for (int i = 0; i < k; ++i) {
-      const int d = draft[qrow + i];
-      /* a draft id outside [0, V) fails the request closed (check=False; check=True
-       * raises on the host first), before any read at d (as verify_lazy does) */
-      if (d < 0 || d >= V) { code = DY_ST_Q_ZERO_AT_DRAFT; break; }
-      if (g) continue;
-      const u32* qcr = qc ? qc + (qrow + i) * (qi ? W : V) : 0;
-      const int* qir = (qc && qi) ? qi + (qrow + i) * W : 0;
-      if (dy_q_count(qcr, qir, W, d, d) == 0) { code = DY_ST_Q_ZERO_AT_DRAFT; break; }
-    }
+  if (!code && (ids & 2u)) code = DY_ST_DRAFT_OUT_OF_RANGE;
+  if (!code && !g && (ids & 1u)) code = DY_ST_Q_INVALID;
+  for (int i = 0; i < k && !code && !g; ++i)
+    if (cq[i] == 0) code = DY_ST_Q_ZERO_AT_DRAFT;
   if (code) {
     status[b] = code; accepted[b] = 0;
     for (int i = 0; i <= k; ++i) tok[i] = -1;
@@ -415,10 +450,7 @@ DC_FN void vchain_body(const int b, const int lane,
     if (g) ok = d == amax[i];
     else {
       const u64 P = dy_target_fixed(target[((i64)b * (k + 1) + i) * V + d]);
-      const u32* qcr = qc ? qc + (qrow + i) * (qi ? W : V) : 0;
-      const int* qir = (qc && qi) ? qi + (qrow + i) * W : 0;
-      const u32 c = dy_q_count(qcr, qir, W, d, d);
-      code = dy_accept(P, Tl[i], c, key.seed, key.gen, key.rnd, key.pos + i, &ok);
+      code = dy_accept(P, Tl[i], cq[i], key.seed, key.gen, key.rnd, key.pos + i, &ok);
       if (code) break;
     }
     if (ok) { tok[i] = d; continue; }
@@ -444,7 +476,7 @@ extern "C" __global__ void dc_vchain(
     int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
     const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     int* res_row, u64* res_T, int* accepted, int* tokens, int* status) {
-  vchain_body(blockIdx.x, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
+  vchain_body(blockIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
 }
 
 /* verify 1+2 fused: grid (B * (k + 1), ntiles); the last block of a request
@@ -461,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vpart_chain(
   const int r = blockIdx.x, tile = blockIdx.y, b = r / (k + 1);
   vpart_body(r, tile, sh, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
   if (!dc_elect_last(&vcnt[b], (u32)((k + 1) * ntiles), &is_last)) return;
-  if (threadIdx.x < 32) vchain_body(b, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
+  vchain_body(b, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
 }
 
 /* ------------------------------------------------------------------------
@@ -542,10 +574,11 @@ DC_FN void vrpart_body(const int tile, const int b, DcShared& sh,
 
 extern "C" __global__ void __launch_bounds__(256) dc_vrpart(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
-    const int* res_row, const u64* res_T, u64* rpart) {
+    const int* res_row, const u64* res_T, u64* rpart, int nrows) {
   __shared__ DcShared sh;
-  if (res_row[blockIdx.y] < 0) return;
-  vrpart_body(blockIdx.x, blockIdx.y, sh, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
+  const int b = dc_grid_row();
+  if (b >= nrows || res_row[b] < 0) return;
+  vrpart_body(blockIdx.x, b, sh, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
 }
 
 DC_FN void vrdraw_body(const int b, DcShared& sh,
@@ -604,11 +637,12 @@ extern "C" __global__ void __launch_bounds__(256) dc_vrdraw(
 extern "C" __global__ void __launch_bounds__(256) dc_vresid_fused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    const int* res_row, const u64* res_T, u64* rpart, int* accepted, int* tokens, int* status, u32* rcnt) {
+    const int* res_row, const u64* res_T, u64* rpart, int* accepted, int* tokens, int* status, u32* rcnt,
+    int nrows) {
   __shared__ DcShared sh;
   __shared__ int is_last;
-  const int tile = blockIdx.x, b = blockIdx.y;
-  if (res_row[b] < 0) return;
+  const int tile = blockIdx.x, b = dc_grid_row();
+  if (b >= nrows || res_row[b] < 0) return;
   vrpart_body(tile, b, sh, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
   if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
   vrdraw_body(b, sh, target, draft, qc, qi, W, k, V, nrt, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, rpart, accepted, tokens, status);
@@ -623,7 +657,7 @@ extern "C" __global__ void __launch_bounds__(256) dc_vresid_fused(
  * plain u64, exact: <= 64 terms per thread, <= 2^46 per block) and ONE
  * block reduction (warp shuffles, one __syncthreads) per tile.  The 128-bit
  * tile sum is formed once by thread 0.  The last block of a request runs the
- * acceptance chain (vchain_body, unchanged). */
+ * acceptance chain (vchain_body). */
 #define VU 8
 struct V1Acc { u64 shi, slo, mx; u32 bad; };
 
@@ -693,11 +727,13 @@ extern "C" __global__ void __launch_bounds__(256) dc_v1(
     int* res_row, u64* res_T, int* accepted, int* tokens, int* status, u32* vcnt, int vt, int vec) {
   __shared__ V1Shared s1;
   __shared__ int is_last;
-  /* grid (ntiles, rows): consecutive blocks read consecutive tiles of a row */
-  const int tile = blockIdx.x, r = blockIdx.y, b = r / (k + 1);
+  /* grid (ntiles, rows) (rows over y and z: dc_grid_row): consecutive blocks read
+   * consecutive tiles of a row */
+  const int tile = blockIdx.x, r = dc_grid_row(), b = r / (k + 1);
+  if (r >= B * (k + 1)) return;
   v1_body(r, tile, vt, vec, s1, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
   if (!dc_elect_last(&vcnt[b], (u32)((k + 1) * ntiles), &is_last)) return;
-  if (threadIdx.x < 32) vchain_body(b, threadIdx.x, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
+  vchain_body(b, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
 }
 
 /* Stage 2: the residual (or bonus) row of each request, grid (nrt, B), tile
@@ -822,12 +858,13 @@ extern "C" __global__ void __launch_bounds__(256) dc_v2(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     const int* res_row, const u64* res_T, u64* rpart, int* accepted, int* tokens, int* status, u32* rcnt,
-    int rt, int vec_t, int vec_q) {
+    int rt, int vec_t, int vec_q, int nrows) {
   __shared__ DcShared sh;
   __shared__ V1Shared s1;
   __shared__ int is_last, snv, stile, sok;
   __shared__ dy_u128 sx;
-  const int tile = blockIdx.x, b = blockIdx.y;
+  const int tile = blockIdx.x, b = dc_grid_row();
+  if (b >= nrows) return;
   const int i = res_row[b];
   if (i < 0) return;
   v2_part(tile, b, rt, vec_t, vec_q, s1, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
@@ -961,9 +998,10 @@ DC_FN void dd_pick(u64* st, int hi, int lo) {
 
 extern "C" __global__ void __launch_bounds__(256) dd_max(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, u64* state) {
+    int logits, int greedy_ok, int V, int dt, u64* state, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
   const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
   u64* st = state + (i64)row * DD_RS;
@@ -991,9 +1029,10 @@ extern "C" __global__ void __launch_bounds__(256) dd_max(
 
 extern "C" __global__ void __launch_bounds__(256) dd_sum(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
-    int logits, int greedy_ok, int V, int dt, u64* state) {
+    int logits, int greedy_ok, int V, int dt, u64* state, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   u64* st = state + (i64)row * DD_RS;
   if (dd_code(st, logits)) return;
   bool greedy; double T = row_temp(temp, row, greedy_ok, &greedy);
@@ -1024,10 +1063,11 @@ extern "C" __global__ void __launch_bounds__(256) dd_sum(
 extern "C" __global__ void __launch_bounds__(256) dd_floor(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int dt, int policy, u64* state, u64* __restrict__ scratch,
-    u32* __restrict__ counts, int* status, int recip) {
+    u32* __restrict__ counts, int* status, int recip, int nrows) {
   __shared__ DcShared sh;
   __shared__ u32 hs[DD_HB];
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   u64* st = state + (i64)row * DD_RS;
   const i64 xoff = (i64)row * V, boff = bias_rows > 1 ? xoff : 0;
   u32* crow = counts + xoff;
@@ -1111,9 +1151,11 @@ DC_FN bool dd_active(const u64* st) {
   return !st[DD_SKIP] && st[DD_REM] != 0;
 }
 
-extern "C" __global__ void __launch_bounds__(256) dd_pass(int V, int dt, u64* state, const u64* __restrict__ scratch) {
+extern "C" __global__ void __launch_bounds__(256) dd_pass(int V, int dt, u64* state, const u64* __restrict__ scratch,
+                                                          int nrows) {
   __shared__ u32 hs[DD_HB];
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   u64* st = state + (i64)row * DD_RS;
   if (!dd_active(st) || st[DD_DONE] || st[DD_LO] == 0) return;
   const int hi = (int)st[DD_LO], dlo = hi > 12 ? hi - 12 : 0;
@@ -1141,9 +1183,10 @@ extern "C" __global__ void __launch_bounds__(256) dd_pass(int V, int dt, u64* st
 
 /* ties on the full remainder: per-tile counts of remainders == prefix */
 extern "C" __global__ void __launch_bounds__(256) dd_tiecnt(int V, int dt, int ntiles, u64* state,
-    const u64* __restrict__ scratch, u32* tile_eq) {
+    const u64* __restrict__ scratch, u32* tile_eq, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   u64* st = state + (i64)row * DD_RS;
   if (!dd_active(st) || st[DD_DONE]) return;
   const u64 prefix = st[DD_PREFIX];
@@ -1158,9 +1201,10 @@ extern "C" __global__ void __launch_bounds__(256) dd_tiecnt(int V, int dt, int n
 /* +1 ticket for each selected remainder: (r & mask) > prefix, or == prefix
  * and (whole bin taken, or among the first `need` equal ones by id) */
 extern "C" __global__ void __launch_bounds__(256) dd_mark(int V, int dt, int ntiles, u64* state,
-    const u64* __restrict__ scratch, const u32* tile_eq, u32* __restrict__ counts) {
+    const u64* __restrict__ scratch, const u32* tile_eq, u32* __restrict__ counts, int nrows) {
   __shared__ DcShared sh;
-  const int row = blockIdx.y, tid = threadIdx.x;
+  const int row = dc_grid_row(), tid = threadIdx.x;
+  if (row >= nrows) return;
   u64* st = state + (i64)row * DD_RS;
   if (!dd_active(st)) return;
   const u64 prefix = st[DD_PREFIX], mask = st[DD_MASK];

@@ -187,11 +187,12 @@ DC_FN void pp_kernel(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status) {
+    int* tokens, u32* counts, int* ids, int* status, int nrows) {
   constexpr int NG = NW / 4;
   __shared__ DcShared sh;
   __shared__ PkShared ps;
-  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  const int row = dc_grid_row(), r = blockIdx.x, tid = threadIdx.x;
+  if (row >= nrows) return;
   int pk_prof = row == 0 && r == 0 ? 0 : -1;
   PK_STAMP(0);
   const i64 xoff = (i64)row * V;
@@ -291,10 +292,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
   pp_kernel<8>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
                 do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-                tokens, counts, ids, status);
+                tokens, counts, ids, status, nrows);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
@@ -302,10 +303,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
   pp_kernel<16>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
                 do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-                tokens, counts, ids, status);
+                tokens, counts, ids, status, nrows);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4x(
@@ -313,10 +314,10 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4x(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
   pp_kernel<32>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
                 do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-                tokens, counts, ids, status);
+                tokens, counts, ids, status, nrows);
 }
 
 #endif

@@ -106,10 +106,11 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
   __shared__ DcShared sh;
   __shared__ PkShared ps;
-  const int row = blockIdx.y, r = blockIdx.x, tid = threadIdx.x;
+  const int row = dc_grid_row(), r = blockIdx.x, tid = threadIdx.x;
+  if (row >= nrows) return;
   int pk_prof = row == 0 && r == 0 ? 0 : -1;
   PK_STAMP(0);
   const i64 xoff = (i64)row * V;

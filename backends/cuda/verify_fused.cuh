@@ -472,9 +472,10 @@ DC_FN void vf_kernel(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
   __shared__ VfShared s;
-  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (b >= nrows) return;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
   VF_PROF_START();
   VF_STAMP(tile == 0, 0);
@@ -522,18 +523,18 @@ extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
   vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
-            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q);
+            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
   vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
-            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q);
+            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows);
 }
 
 /* ------------------------------------------------------------------------
@@ -547,9 +548,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
  * dc_vfused's).  The last of the 1 + (k+1) nt blocks (dc_elect_last) reads the
  * tests back (when it is not block 0) and validates as dc_v1's chain
  * (vchain_body): every row i = 0..k in order (TARGET_INVALID_VALUE, then
- * TARGET_SUM), then every draft i = 0..k-1 in order (an id outside [0, V) or
- * c_i(d_i) = 0: Q_ZERO_AT_DRAFT, lz_tests' LZ_BAD class; an invalid P(d_i) is
- * already its row's TARGET_INVALID_VALUE); a failing request fails closed.  A
+ * TARGET_SUM), then the drafts (lz_tests' request code: a draft id outside [0, V),
+ * DRAFT_OUT_OF_RANGE, else a q row breaking a Dyadic rule, Q_INVALID), then every
+ * draft i = 0..k-1 in order (c_i(d_i) = 0: Q_ZERO_AT_DRAFT, lz_tests' LZ_BAD class;
+ * an invalid P(d_i) is already its row's TARGET_INVALID_VALUE); a failing request
+ * fails closed.  A
  * valid request then takes vf_last: the walk (lz_walk: the classes where they
  * hold for every valid total, dy_accept with the exact total where not; the
  * same decisions and exhaustion codes as dc_v1's dy_accept) and the residual
@@ -558,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
  * while its grid fits one wave (CupyBackend._vone_plan).  k + 1 <= VA_MAXK1.
  * Test scratch (u32 words per request, VA_TZW): P[i] as u64 at 0..2k, then c,
  * d, cls, code at VA_TZ_C / D / CLS / CODE + i, ncand at VA_TZ_N, cand at
- * VA_TZ_CAND.
+ * VA_TZ_CAND, the request code at VA_TZ_RQ.
  * ------------------------------------------------------------------------ */
 #define VA_MAXK1 8
 #define VA_TZW 64
@@ -568,6 +571,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
 #define VA_TZ_CODE 40
 #define VA_TZ_N 48
 #define VA_TZ_CAND 49
+#define VA_TZ_RQ 60
 
 /* block 0: the tests of s.z into the request's scratch (before dc_elect_last, whose
  * barrier and release fence publish them) */
@@ -579,7 +583,7 @@ DC_FN void vf_put_tests(const LzShared& z, int k, u32* tz) {
     tz[VA_TZ_CLS + tid] = (u32)z.cls[tid]; tz[VA_TZ_CODE + tid] = (u32)z.code[tid];
   }
   if (tid <= k) tz[VA_TZ_CAND + tid] = (u32)z.cand[tid];
-  if (tid == 0) tz[VA_TZ_N] = (u32)z.ncand;
+  if (tid == 0) { tz[VA_TZ_N] = (u32)z.ncand; tz[VA_TZ_RQ] = (u32)z.rq; }
 }
 
 /* the last block (not block 0): the tests back into s.z (L2 loads: written by another
@@ -592,7 +596,7 @@ DC_FN void vf_get_tests(LzShared& z, int k, const u32* tz) {
     z.cls[tid] = (int)__ldcg(&tz[VA_TZ_CLS + tid]); z.code[tid] = (int)__ldcg(&tz[VA_TZ_CODE + tid]);
   }
   if (tid <= k) z.cand[tid] = (int)__ldcg(&tz[VA_TZ_CAND + tid]);
-  if (tid == 0) z.ncand = (int)__ldcg(&tz[VA_TZ_N]);
+  if (tid == 0) { z.ncand = (int)__ldcg(&tz[VA_TZ_N]); z.rq = (int)__ldcg(&tz[VA_TZ_RQ]); }
 }
 
 /* The last block: dc_v1's validation of request b (see above) from every row's tile
@@ -622,8 +626,9 @@ DC_FN int vf_validate(VfShared& s, int k, int nt, const u64* tpart, u32* acnt, i
   if (tid == 0) {
     int code = DY_ST_OK;
     for (int i = 0; i < k1 && !code; ++i) code = (int)s.tnd[i];
-    for (int i = 0; i < k && !code; ++i)
-      if (s.z.cls[i] == LZ_BAD) code = DY_ST_Q_ZERO_AT_DRAFT;
+    if (!code) code = s.z.rq;  /* a draft id outside [0, V), else a q row breaking a rule */
+    for (int i = 0; i < k && !code; ++i)  /* then q_i(d_i) = 0 (a BAD test left) */
+      if (s.z.cls[i] == LZ_BAD) code = s.z.code[i];
     s.R = code;
   }
   __syncthreads();
@@ -642,9 +647,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) dc_vone(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, u32* tzs, int vt, int vec, int vec_q) {
+    int* status, u32* cnt, u32* tzs, int vt, int vec, int vec_q, int nrows) {
   __shared__ VfShared s;
-  const int x = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int x = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (b >= nrows) return;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
   u32* tz = tzs + (i64)b * VA_TZW;
   VF_PROF_START();

@@ -29,9 +29,11 @@
  *   1. every block classifies the k tests of its request (warp w: tests
  *      w, w + 8, ...; P(d_i) read once; c_i(d_i): dense direct, sparse: last
  *      match of d_i over the W ids (dy_q_count), none: point mass) into
- *      ACC / REJ / AMB / BAD (BAD: d out of [0, V) or c = 0 -> Q_ZERO_AT_DRAFT,
- *      invalid P bits -> TARGET_INVALID_VALUE).  Deterministic: every block
- *      finds the same classes.
+ *      ACC / REJ / AMB / BAD (BAD: d out of [0, V) -> DRAFT_OUT_OF_RANGE, c = 0 ->
+ *      Q_ZERO_AT_DRAFT, invalid P bits -> TARGET_INVALID_VALUE), and checks every
+ *      draft id and sparse q row of the request (the request's code rq: a draft id
+ *      out of range, else a q row breaking a Dyadic rule).  Deterministic: every
+ *      block finds the same classes.
  *   2. candidate rows: the AMB tests before the first REJ / BAD test, plus
  *      that REJ row (or the bonus row k when no REJ / BAD comes first).  Each
  *      block sums its tile of every candidate row (split sums as
@@ -41,8 +43,9 @@
  *      and status of each candidate row (one warp per row) and walks the
  *      chain exactly (thread 0): ACC -> accept; BAD -> fail with its code;
  *      AMB -> row status, then dy_accept with the exact T; REJ / bonus ->
- *      row status.  Then res_row / res_T (or -1 and the failure, tokens -1,
- *      accepted 0, status code) and accepted / the accepted tokens.
+ *      row status; a target code found so decides, else the request's rq, else
+ *      the walk's own result.  Then res_row / res_T (or -1 and the failure,
+ *      tokens -1, accepted 0, status code) and accepted / the accepted tokens.
  * Stage 2 is dc_vres2 (verify_lazy2.cuh): the residual (bonus) row over many blocks.
  * Reads: the k values P(d_i), c_i(d_i) per block, ~1 + #AMB rows per request
  * in stage 1, the residual row (and a dense q row) in stage 2.
@@ -116,9 +119,11 @@ struct LzShared {
   u64 P[LZ_MAXK], T[LZ_MAXK + 1];
   u32 c[LZ_MAXK];
   int d[LZ_MAXK], code[LZ_MAXK], cls[LZ_MAXK], cand[LZ_MAXK + 1], rst[LZ_MAXK + 1];
+  int qbad[LZ_MAXK];  /* lz_tests: test i's q row breaks a Dyadic rule (dc_draft_check) */
   u64 shi[8], slo[8];
   u32 bad[8];
   int ncand, is_last;
+  int rq;  /* lz_tests: DRAFT_OUT_OF_RANGE / Q_INVALID of the request, or 0 */
 };
 
 

@@ -172,9 +172,10 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     const int* res_row, const u64* res_T, u64* rpart, u64* rchunk, int* accepted, int* tokens, int* status,
-    u32* rcnt, int rt, int vec_t, int vec_q) {
+    u32* rcnt, int rt, int vec_t, int vec_q, int nrows) {
   __shared__ LrShared s;
-  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (b >= nrows) return;
   const int i = res_row[b];
   if (i < 0) return;
   const u64 T = res_T[b], th = T >> DY_TOTAL_BITS, tl = T & (u64)(DY_TOTAL - 1u);
@@ -411,8 +412,11 @@ DC_FN void lz_tile2(const u32* t, int lo, int hi, int vec, LzShared& s, dy_u128*
   __syncthreads();  /* s.shi / s.slo / s.bad reused by the next call */
 }
 
-/* Steps 1-2 of dc_vlazy2 (and dc_vfused): classify the k tests of request b (warp per
- * test; the key in lane 0 of warps < k) into s.P / c / d / cls / code, then the
+/* Steps 1-2 of dc_vlazy2 (and dc_vfused, dc_vone): classify the k tests of request b
+ * (warp per test; the key in lane 0 of warps < k) into s.P / c / d / cls / code and
+ * check each draft id and q row (dc_draft_check: s.qbad, and q(d) from the same pass
+ * over a sparse row), then the request's code s.rq (DRAFT_OUT_OF_RANGE when a draft id
+ * lies outside [0, V), else Q_INVALID when a q row breaks a Dyadic rule, else 0) and the
  * candidate rows s.cand[0..n): the AMB tests before the first REJ / BAD test, then
  * that REJ row (or the bonus row k when no REJ / BAD comes first).  The same in every
  * block of the request.  Returns n (block-uniform; ends with a __syncthreads). */
@@ -423,24 +427,14 @@ DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int
     const i64 qrow = (i64)b * k + i;
     const int d = draft[qrow];
     const bool inr = d >= 0 && d < V;
-    u32 c = 0;
-    if (qc && qi) {  /* dy_q_count: the last j < W with qi[j] == d */
-      const int* ir = qi + qrow * W;
-      int last = -1;
-      for (int j0 = 0; j0 < W; j0 += 32) {
-        const int j = j0 + lane;
-        const unsigned bal = __ballot_sync(0xffffffffu, j < W && ir[j] == d);
-        if (bal) last = j0 + 31 - __clz(bal);
-      }
-      if (lane == 0 && last >= 0) c = qc[qrow * W + last];
-    }
+    /* P(d)'s load first: in flight with the q row's */
+    const u32 bits = (lane == 0 && inr) ? target[((i64)b * k1 + i) * V + d] : 0u;
+    u32 c;
+    const u32 ib = dc_draft_check(d, qc, qi, W, V, qrow, &c);
     if (lane == 0) {
-      int cl = LZ_BAD, code = DY_ST_Q_ZERO_AT_DRAFT;
+      int cl = LZ_BAD, code = inr ? DY_ST_Q_ZERO_AT_DRAFT : DY_ST_DRAFT_OUT_OF_RANGE;
       u64 P = 0;
       if (inr) {
-        const u32 bits = target[((i64)b * k1 + i) * V + d];
-        if (!qc) c = DY_TOTAL;
-        else if (!qi) c = qc[qrow * V + d];
         if (!dy_target_bits_valid(bits)) code = DY_ST_TARGET_INVALID_VALUE;
         else if (c != 0) {
           P = dy_target_fixed(bits);
@@ -449,11 +443,18 @@ DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int
         }
       }
       s.P[i] = P; s.c[i] = c; s.d[i] = d; s.cls[i] = cl; s.code[i] = code;
+      s.qbad[i] = (ib & 1u) != 0;
     }
   }
   __syncthreads();
-  /* 2. candidate rows (the same in every block of the request) */
+  /* 2. the request's code and the candidate rows (the same in every block of the request) */
   if (tid == 0) {
+    int rq = 0;
+    for (int i = 0; i < k; ++i) {
+      if (s.code[i] == DY_ST_DRAFT_OUT_OF_RANGE) rq = DY_ST_DRAFT_OUT_OF_RANGE;
+      else if (s.qbad[i] && !rq) rq = DY_ST_Q_INVALID;
+    }
+    s.rq = rq;
     int n = 0, stop = k;
     for (int i = 0; i < k; ++i) {
       const int cl = s.cls[i];
@@ -472,9 +473,12 @@ DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int
 /* The chain walk of a last block (one thread), from the classes of lz_tests and,
  * per candidate j, its row status s.rst[j] and exact total s.T[j]: ACC -> accepted;
  * BAD -> fail with its code; AMB -> row status, then dy_accept with the exact T;
- * REJ / bonus -> row status.  Writes tok[0..k] (accepted drafts; -1 from the residual
- * row on, or everywhere on failure), *accepted and *status.  Returns the residual row
- * R (*jR its candidate index, *TR its total), or -1 after a failure. */
+ * REJ / bonus -> row status.  A target code it meets (TARGET_*: the rows it read)
+ * decides; else the request's s.rq (a draft id or q row lz_tests refused) does, before
+ * the walk's other results (Q_ZERO_AT_DRAFT, RNG_EXHAUSTED, a residual row): the CPU
+ * backend's order on what was read.  Writes tok[0..k] (accepted drafts; -1 from the
+ * residual row on, or everywhere on failure), *accepted and *status.  Returns the
+ * residual row R (*jR its candidate index, *TR its total), or -1 after a failure. */
 DC_FN int lz_walk(const LzShared& s, int k, const DcKey& key, int* tok, int* accepted, int* status,
                   int* jR, u64* TR) {
   int code = DY_ST_OK, R = -1, j = 0;
@@ -498,6 +502,7 @@ DC_FN int lz_walk(const LzShared& s, int k, const DcKey& key, int* tok, int* acc
     R = i; *jR = jj; *TR = s.T[jj];
     break;
   }
+  if (s.rq && code != DY_ST_TARGET_INVALID_VALUE && code != DY_ST_TARGET_SUM) code = s.rq;
   if (code) {
     for (int q = 0; q <= k; ++q) tok[q] = -1;
     *accepted = 0; *status = code;
@@ -512,9 +517,10 @@ extern "C" __global__ void __launch_bounds__(256) dc_vlazy2(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* part_lo, u64* part_hi, u32* part_bad, int* res_row, u64* res_T, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int vec, int pre) {
+    int* status, u32* cnt, int vt, int vec, int pre, int nrows) {
   __shared__ LzShared s;
-  const int tile = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (b >= nrows) return;
   const int k1 = k + 1;
   /* 1. classify the k tests (warp per test); the key is loaded first (its
    * latency overlaps the draft -> P(d), c(d) loads) */
