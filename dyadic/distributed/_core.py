@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays, _spec, _status, _validate
-from .._types import Dyadic, Keys, Verdict
+from .._types import Dyadic, Keys, Verdict, trusted_dyadic
 from ..reference import allocation, philox, sampling
 from ..reference.fixedpoint import weight_from_gap
 from . import _intmath as im
@@ -433,8 +433,8 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
             for j, (i, c) in enumerate(row):
                 ids[r, j], counts[r, j] = i, c
         _status.raise_for_status(status, lambda i: i)
-        q = Dyadic(_output(counts, local_logits), _output(ids, local_logits), vocab_size=v,
-                   policy=policy_name, _trusted=True)
+        q = trusted_dyadic(_output(counts, local_logits), _output(ids, local_logits), v,
+                           policy_name)
     else:
         counts = _dense_counts(comm, z, merged, greedy, code, off, order, status)
         _status.raise_for_status(status, lambda i: i)
