@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _arrays, _backend, _spec, _status, _validate
 from ._api import _row_label
-from ._types import Dyadic, Keys, Verdict
+from ._types import Dyadic, Keys, Verdict, trusted_dyadic
 
 GPU_BACKENDS = _backend.GPU_BACKENDS
 
@@ -380,8 +380,8 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
     if len(batch_shape) != 1:  # a batch of one dimension: the outputs themselves
         shape = batch_shape + (counts.shape[-1],)
         counts, ids = counts.reshape(shape), None if ids is None else ids.reshape(shape)
-    return Dyadic(_back(counts, kind), None if ids is None else _back(ids, kind),
-                  vocab_size=v, policy=policy, _trusted=True)
+    return trusted_dyadic(_back(counts, kind), None if ids is None else _back(ids, kind), v,
+                          policy)
 
 
 def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=True, out=None):
@@ -420,10 +420,10 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
     if check:
         _finish(status, check)
     if kind == "torch":
-        q = Dyadic(counts, ids, vocab_size=v, policy=policy, _trusted=True)
+        q = trusted_dyadic(counts, ids, v, policy)
         return tokens, q
-    q = Dyadic(_back(counts, kind), None if ids is None else _back(ids, kind), vocab_size=v,
-               policy=policy, _trusted=True)
+    q = trusted_dyadic(_back(counts, kind), None if ids is None else _back(ids, kind), v,
+                       policy)
     return _back(tokens, kind), q
 
 

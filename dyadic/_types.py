@@ -126,11 +126,8 @@ class Dyadic:
 
     __slots__ = ("_counts", "_ids", "_vocab_size", "_policy")
 
-    def __init__(self, counts, ids=None, *, vocab_size=None, policy="standard", _trusted=False):
+    def __init__(self, counts, ids=None, *, vocab_size=None, policy="standard"):
         from . import _validate
-        if _trusted:
-            _set_fields(self, counts, ids, int(vocab_size), policy)
-            return
         counts, ids, vocab_size = _validate.dyadic_parts(counts, ids, vocab_size, policy)
         _set_fields(self, counts, ids, vocab_size, policy)
 

@@ -68,8 +68,7 @@ def test_verify_on_current_side_stream(torch):
     keys = dyadic.Keys(seed=np.arange(b, dtype=np.int64), generation=np.zeros(b, np.int32),
                        round=np.zeros(b, np.int32), position=np.full(b, 11, np.int32))
     want = dyadic.verify(p, draft, q, keys, backend="cpu")
-    qg = dyadic.Dyadic(torch.from_numpy(np.array(q.counts)).cuda(), None, vocab_size=V,
-                       _trusted=True)  # valid counts (backend="cpu")
+    qg = dyadic.Dyadic(torch.from_numpy(np.array(q.counts)).cuda(), None, vocab_size=V)
     kg = dyadic.Keys(seed=torch.arange(b, dtype=torch.int64, device="cuda"),
                      generation=torch.zeros(b, dtype=torch.int32, device="cuda"),
                      round=torch.zeros(b, dtype=torch.int32, device="cuda"),

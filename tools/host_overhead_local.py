@@ -35,6 +35,14 @@ import sys
 import time
 import types
 
+
+def _trusted_dy(counts, ids=None, *, vocab_size, policy="standard", trusted=True):
+    """A Dyadic over arrays taken as they are (timing inputs; zero rows are never read
+    as a distribution)."""
+    from dyadic._types import trusted_dyadic
+    return trusted_dyadic(counts, ids, vocab_size, policy)
+
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 V = 129280
 K = 5
@@ -228,10 +236,10 @@ def make_inputs(torch, dyadic, B, seed=0):
          "p": torch.softmax(torch.randn(B, K + 1, V, generator=g), -1),
          "draft": torch.randint(0, V, (B, K), generator=g, dtype=torch.int32)}
     e = lambda *s, dt=torch.int32: torch.zeros(*s, dtype=dt)  # noqa: E731
-    d["qdy"] = dyadic.Dyadic(e(B, K, V, dt=torch.uint32), None, vocab_size=V, _trusted=True)
-    d["qsp"] = dyadic.Dyadic(e(B, K, 32, dt=torch.uint32), e(B, K, 32), vocab_size=V,
-                             _trusted=True)
-    d["q1"] = dyadic.Dyadic(e(B, 32, dt=torch.uint32), e(B, 32), vocab_size=V, _trusted=True)
+    from dyadic._types import trusted_dyadic as td  # zero rows: timing only, never read
+    d["qdy"] = td(e(B, K, V, dt=torch.uint32), None, V, "standard")
+    d["qsp"] = td(e(B, K, 32, dt=torch.uint32), e(B, K, 32), V, "standard")
+    d["q1"] = td(e(B, 32, dt=torch.uint32), e(B, 32), V, "standard")
     d["pout"] = {"tokens": e(B), "counts": e(B, 32, dt=torch.uint32), "ids": e(B, 32),
                  "status": e(B)}
     d["vout"] = {"accepted": e(B), "tokens": e(B, K + 1), "status": e(B)}
@@ -340,10 +348,10 @@ def trace_cases(dyadic, torch):
     g8 = torch.Generator().manual_seed(8)
     k8 = {"p": torch.softmax(torch.randn(B, 9, V, generator=g8), -1),
           "draft": torch.randint(0, V, (B, 8), generator=g8, dtype=torch.int32), None: None,
-          "dense": dyadic.Dyadic(torch.zeros(B, 8, V, dtype=torch.uint32), None, vocab_size=V,
-                                 _trusted=True),
-          "sparse": dyadic.Dyadic(torch.zeros(B, 8, 32, dtype=torch.uint32), i32(B, 8, 32),
-                                  vocab_size=V, _trusted=True)}
+          "dense": _trusted_dy(torch.zeros(B, 8, V, dtype=torch.uint32), None, vocab_size=V,
+                                 trusted=True),
+          "sparse": _trusted_dy(torch.zeros(B, 8, 32, dtype=torch.uint32), i32(B, 8, 32),
+                                  vocab_size=V, trusted=True)}
     for chk in (False, True):
         P(f"top32 bf16 out chk={chk}", top_k=32, temperature=0.7, check=chk, out=po)
         P(f"top32 f32 chk={chk}", x=d["logits32"], top_k=32, check=chk)
@@ -418,15 +426,15 @@ def trace_cases(dyadic, torch):
            .transpose(0, 1), check=chk)
         Vf(f"k=64 chk={chk}", target=torch.zeros(1, 65, 8), draft=i32(1, 64), q=None,
            keys=Keys(1), check=chk)
-        Vf(f"q wrong vocab chk={chk}", q=dyadic.Dyadic(torch.zeros(B, K, 8, dtype=torch.uint32),
-                                                       None, vocab_size=8, _trusted=True),
+        Vf(f"q wrong vocab chk={chk}", q=_trusted_dy(torch.zeros(B, K, 8, dtype=torch.uint32),
+                                                       None, vocab_size=8, trusted=True),
            check=chk)
-        Vf(f"q wrong batch chk={chk}", q=dyadic.Dyadic(torch.zeros(B, 3, V, dtype=torch.uint32),
-                                                       None, vocab_size=V, _trusted=True),
+        Vf(f"q wrong batch chk={chk}", q=_trusted_dy(torch.zeros(B, 3, V, dtype=torch.uint32),
+                                                       None, vocab_size=V, trusted=True),
            check=chk)
         Vf(f"q not dyadic chk={chk}", q=torch.zeros(B, K, V), check=chk)
-        Vf(f"q i32 counts chk={chk}", q=dyadic.Dyadic(i32(B, K, V), None, vocab_size=V,
-                                                      _trusted=True), check=chk)
+        Vf(f"q i32 counts chk={chk}", q=_trusted_dy(i32(B, K, V), None, vocab_size=V,
+                                                      trusted=True), check=chk)
         Vf(f"host keys chk={chk}", keys=Keys(seed=3, position=2**32 - 3), check=chk)
         Vf(f"keys len1 chk={chk}", keys=Keys(seed=torch.tensor([5]), position=i32(1)),
            check=chk, out=vo)
@@ -444,8 +452,8 @@ def trace_cases(dyadic, torch):
         A(f"f64 chk={chk}", x=d["probs"].double(), check=chk)
         A(f"out bad chk={chk}", top_k=32, check=chk, out=dict(ao, ids=i32(B, 31)))
         D(f"sparse out chk={chk}", check=chk, out=d["dout"])
-        D(f"dense chk={chk}", q=dyadic.Dyadic(torch.zeros(B, 64, dtype=torch.uint32), None, vocab_size=64,
-                                              _trusted=True), check=chk)
+        D(f"dense chk={chk}", q=_trusted_dy(torch.zeros(B, 64, dtype=torch.uint32), None, vocab_size=64,
+                                              trusted=True), check=chk)
         D(f"host keys chk={chk}", keys=Keys(seed=1, position=5), check=chk)
         D(f"keys float chk={chk}", keys=Keys(seed=torch.zeros(B)), check=chk)
         D(f"not dyadic chk={chk}", q=torch.zeros(B, 3), check=chk)
