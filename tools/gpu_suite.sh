@@ -45,7 +45,8 @@ PY
   timeout ${CUDA_T:-300} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
       tests/test_gpu_parity.py tests/test_gpu_topk_fast.py tests/test_gpu_topk_packed.py tests/test_gpu_verify_lazy.py tests/test_gpu_verify_one.py \
       tests/test_gpu_dense_alloc.py tests/test_gpu_streams.py tests/test_gpu_bench_timing.py tests/test_gpu_large_batch.py \
-      tests/test_launch_pack.py tests/test_fast_path.py \
+      tests/test_launch_pack.py tests/test_fast_path.py tests/test_fail_closed_rows.py \
+      tests/test_memory_safety.py tests/test_dyadic_ownership.py tests/test_trusted_results.py \
       tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
   fi
@@ -71,7 +72,7 @@ PY
   fi
   if has numba; then stamp "numba parity"
   timeout ${NUMBA_T:-90} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/test_gpu_parity_numba.py tests/test_numba_compiled_core.py 2>&1 | tail -${TAIL:-25}
+      tests/test_gpu_parity_numba.py tests/test_numba_compiled_core.py tests/test_numba_bounds.py 2>&1 | tail -${TAIL:-25}
   echo "numba parity exit: $?"
   fi
   if has fuzz; then stamp "fuzz cpu,cuda,numba"
