@@ -163,14 +163,15 @@ SPOIL = {"target_value": _spoil_target_value, "target_sum": _spoil_target_sum,
                                 (("lazy",), (False,))))
 def test_verify_bad_row(backend, rule, check, rng):
     torch = _backend_or_skip(backend)
-    p, d, q = _verify_case(rng)
+    p, d, q_host = _verify_case(rng)
+    q = q_host
     if torch is not None:
-        q = dyadic.Dyadic(torch.as_tensor(np.asarray(q.counts)).cuda(),
-                          torch.as_tensor(np.asarray(q.ids)).cuda(), vocab_size=V)
+        q = dyadic.Dyadic(torch.as_tensor(np.array(q.counts)).cuda(),
+                          torch.as_tensor(np.array(q.ids)).cuda(), vocab_size=V)
     good = dyadic.verify(_dev(p, torch), _dev(d, torch), q, _keys(B), backend=backend,
                          check=False)
     p2, d2 = p.copy(), d.copy()
-    code = SPOIL[rule](p2, d2, q)
+    code = SPOIL[rule](p2, d2, q_host)
     got = dyadic.verify(_dev(p2, torch), _dev(d2, torch), q, _keys(B), backend=backend,
                         check=check)
     status = _host(got.status)

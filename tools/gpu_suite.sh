@@ -42,7 +42,7 @@ PY
   fi
   if has cuda; then stamp "cuda parity"
   python3 -c "from dyadic.backends.cuda import cupy_backend as c; print('launch mode:', c.launch_mode())" 2>&1 | tail -2
-  timeout ${CUDA_T:-300} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
+  timeout ${CUDA_T:-480} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
       tests/test_gpu_parity.py tests/test_gpu_topk_fast.py tests/test_gpu_topk_packed.py tests/test_gpu_verify_lazy.py tests/test_gpu_verify_one.py \
       tests/test_gpu_dense_alloc.py tests/test_gpu_streams.py tests/test_gpu_bench_timing.py tests/test_gpu_large_batch.py \
       tests/test_launch_pack.py tests/test_fast_path.py tests/test_fail_closed_rows.py \
