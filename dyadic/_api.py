@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from . import _arrays, _backend, _spec, _status, _validate
-from ._types import Dyadic, Keys, Verdict, trusted_dyadic
+from ._types import Dyadic, Keys, Verdict, trusted_dyadic, verify_q
 
 
 def _on_device(backend, x):
@@ -83,14 +83,6 @@ def _fail_closed(status, *outputs):
     for a, value in outputs:
         if a is not None:
             a[bad] = value
-
-
-def _row_label(batch_shape):
-    def label(flat):
-        if len(batch_shape) <= 1:
-            return flat
-        return tuple(int(i) for i in np.unravel_index(flat, batch_shape))
-    return label
 
 
 def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy="standard",
@@ -177,7 +169,7 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
     if status.any():
         if check:
-            _status.raise_for_status(status, _row_label(batch_shape))
+            _status.raise_for_status(status, _status.row_label(batch_shape))
         _fail_closed(status, (counts, 0), (ids, _spec.PAD_ID))
     return _dyadic(counts_r, ids_r, batch_shape, v, policy)
 
@@ -335,8 +327,8 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
                              check=check, out=out)
     be = _backend.get(backend)
     kind = _arrays.kind_of(target)
-    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, q, greedy,
-                                                   check=check is True)
+    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, greedy, check=check is True)
+    verify_q(q, batch, k, v)
     keys_b = _keys_for(keys, batch, extra=k)
     qc = qi = None
     if q is not None:

@@ -12,28 +12,51 @@ position (uint32).
 """
 
 import importlib
-from typing import Protocol
 
 
-class Backend(Protocol):
-    name: str
+class Backend:
+    """Every method and capability a backend provides; subclasses override the kernels.
+
+    Capabilities (class attributes): ``reads_half_precision`` (the GPU path may hand
+    float16 / bfloat16 logits as they are instead of widening them to float32),
+    ``has_lazy_verify`` (``verify_lazy`` reads only what the decisions need),
+    ``has_launchers`` (the ``*_launcher`` methods give cached launchers for repeat
+    calls with device arrays), ``graph_capturable`` (check=False calls with device
+    keys and ``out=`` launch only kernels on the caller's stream: capturable in a
+    CUDA graph).  The defaults here are the plain behaviour: a backend
+    is a checklist of the kernels below.
+    """
+
+    name = "?"
+    reads_half_precision = False
+    has_lazy_verify = False
+    has_launchers = False
+    graph_capturable = False
+
+    def usable(self):
+        """True when the backend can run here (a device is present, the simulator is on)."""
+        return True
 
     def philox4x32(self, counters, keys, rounds, out):
         """counters uint32 [N, 4], keys uint32 [N, 2] -> out uint32 [N, 4]."""
+        raise NotImplementedError
 
     def allocate(self, x, bias, temperature, logits, policy, top_k, counts, ids, status):
         """x float32 [B, V]; bias float32 [1 or B, V] or None; temperature
         float64 [B]; logits bool; policy int (``_spec.POLICY_CODES``); top_k
         int (0 = dense). Writes counts uint32 [B, W], ids int32 [B, W] (sparse
         only, else None) and status int32 [B]."""
+        raise NotImplementedError
 
     def propose(self, x, bias, temperature, policy, top_k, seed, generation, round, position,
                 tokens, counts, ids, status):
         """allocate on logits + draw; temperature 0 rows: argmax, point mass,
         no draw. Writes tokens int32 [B], counts, ids, status."""
+        raise NotImplementedError
 
     def draw(self, counts, ids, seed, generation, round, position, tokens):
         """counts uint32 [B, W], ids int32 [B, W] or None -> tokens int32 [B]."""
+        raise NotImplementedError
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
@@ -41,6 +64,36 @@ class Backend(Protocol):
         [B, k, W] or None (point-mass q); q_ids int32 [B, k, W] or None
         (dense); greedy uint8 [B]. Writes accepted int32 [B], tokens int32
         [B, k+1], status int32 [B]."""
+        raise NotImplementedError
+
+    def verify_plain(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
+                     position, accepted, tokens, status):
+        """``verify`` where no request is greedy (``greedy`` all zero): a backend may
+        take a route that never reads the flags.  Same results as ``verify``."""
+        self.verify(target, draft, q_counts, q_ids, greedy, seed, generation, round,
+                    position, accepted, tokens, status)
+
+    def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
+                    accepted, tokens, status):
+        """``verify`` with ``check="lazy"`` and no greedy request (only where
+        ``has_lazy_verify``): reads the target only where the decisions need it."""
+        raise NotImplementedError(f"backend {self.name!r} has no lazy verify")
+
+    def propose_launcher(self, batch, v, x_dtype, top_k, policy):
+        """A cached launcher for repeat propose calls, or None (only ``has_launchers``)."""
+        return None
+
+    def allocate_launcher(self, batch, v, x_dtype, top_k, policy, logits):
+        """A cached launcher for repeat allocate calls, or None."""
+        return None
+
+    def draw_launcher(self, batch, w):
+        """A cached launcher for repeat draw calls, or None."""
+        return None
+
+    def verify_launcher(self, batch, k1, v, w, lazy, greedy=False):
+        """A cached launcher for repeat verify calls, or None."""
+        return None
 
 
 #: Backends that run on a CUDA device (and take dyadic/_device.py for device arrays).
@@ -81,7 +134,7 @@ def get(name):
     module, cls, hint = _REGISTRY[name]
     try:
         obj = getattr(importlib.import_module(module), cls)()
-        usable = getattr(obj, "usable", lambda: True)()
+        usable = obj.usable()
     except Exception as exc:  # noqa: BLE001 - any load failure (import, driver) is reported
         raise BackendUnavailable(f"backend {name!r} cannot load: {hint} "
                                  f"({type(exc).__name__}: {exc})") from exc

@@ -47,8 +47,7 @@ import sys
 import numpy as np
 
 from . import _arrays, _backend, _spec, _status, _validate
-from ._api import _row_label
-from ._types import Dyadic, Keys, Verdict, trusted_dyadic
+from ._types import Dyadic, Keys, Verdict, trusted_dyadic, verify_q
 
 GPU_BACKENDS = _backend.GPU_BACKENDS
 
@@ -299,7 +298,7 @@ def _x_bias(x, bias, name, be):
         kind = "torch"
     if x.dtype not in _FLOATS:  # _float_dtype(x, name) inline (the hot path)
         raise _arrays.unsupported_float(name, x)
-    if x.dtype != torch.float32 and not getattr(be, "reads_half_precision", False):
+    if x.dtype != torch.float32 and not be.reads_half_precision:
         x = x.float()
     nd = x.dim()
     if nd < 1:
@@ -315,7 +314,7 @@ def _x_bias(x, bias, name, be):
             bias = _host_tensor(np.asarray(bias))
         bias = bias.to(x.device)
         _float_dtype(bias, "bias")
-        if bias.dtype != torch.float32 and not getattr(be, "reads_half_precision", False):
+        if bias.dtype != torch.float32 and not be.reads_half_precision:
             bias = bias.float()
         if tuple(bias.shape[-1:]) != (v,):
             raise ValueError(f"bias: last dimension {tuple(bias.shape[-1:])} does not match "
@@ -376,7 +375,7 @@ def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True
             if tok is not None:
                 _leave(tok)
     if check:
-        _finish(status, check, _row_label(batch_shape))
+        _finish(status, check, _status.row_label(batch_shape))
     if len(batch_shape) != 1:  # a batch of one dimension: the outputs themselves
         shape = batch_shape + (counts.shape[-1],)
         counts, ids = counts.reshape(shape), None if ids is None else ids.reshape(shape)
@@ -522,7 +521,7 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
         # q's fields read directly (the public properties cost a Python call each); a q
         # that is not a Dyadic raises in verify_q before they are read
         if type(q) is not Dyadic or q._vocab_size != v or q._counts.shape[:-1] != (b, k1 - 1):
-            _validate.verify_q(q, b, k1 - 1, v)  # raises for the rule q breaks
+            verify_q(q, b, k1 - 1, v)  # raises for the rule q breaks
         qc = q._counts
         if not _on(qc, didx, torch):
             qc = _host_tensor(qc, dev).contiguous()
@@ -551,15 +550,15 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
     if b:
         tok = _enter(backend, dev)
         try:
-            if lazy and greedy is None and hasattr(be, "verify_lazy"):
+            if lazy and greedy is None and be.has_lazy_verify:
                 be.verify_lazy(t, d, qc, qi, *keys_b, accepted, tokens, status)
-            elif greedy is None and hasattr(be, "verify_plain"):  # no greedy request
+            elif greedy is None:  # no greedy request
                 be.verify_plain(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
             else:
                 be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
             if fkey is not None and t is target:  # in the target's device context
                 _FAST.remember_verify(fkey, be, backend, b, k1, v, q,
-                                      lazy and hasattr(be, "verify_lazy"), specs,
+                                      lazy and be.has_lazy_verify, specs,
                                       greedy is not None)
         finally:
             if tok is not None:

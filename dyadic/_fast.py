@@ -107,8 +107,7 @@ def _store(table, key, be, maker, args, entry):
     old = table.get(key)
     if old is not None and old.launcher.valid():
         return
-    make = getattr(be, maker, None)
-    launcher = None if make is None else make(*args)
+    launcher = getattr(be, maker)(*args) if be.has_launchers else None
     if launcher is None:
         return
     if len(table) >= _MAX:

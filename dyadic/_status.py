@@ -53,6 +53,17 @@ def message(code, row):
     return f"{argument}: row {row}: {rule} [status {code}]"
 
 
+def row_label(batch_shape):
+    """The function mapping a flat row index to its label in messages: the index itself
+    for one batch axis, else the tuple of indices over ``batch_shape``."""
+    def label(flat):
+        if len(batch_shape) <= 1:
+            return flat
+        import numpy as np
+        return tuple(int(i) for i in np.unravel_index(flat, batch_shape))
+    return label
+
+
 def raise_for_status(status, row_index=None):
     """Raise ValueError for the first row whose status is non-zero.
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _arrays, _spec
+from . import _arrays, _spec, _validate
 
 _KEY_FIELDS = (
     ("seed", _spec.SEED_MAX, np.uint64),
@@ -127,7 +127,6 @@ class Dyadic:
     __slots__ = ("_counts", "_ids", "_vocab_size", "_policy")
 
     def __init__(self, counts, ids=None, *, vocab_size=None, policy="standard"):
-        from . import _validate
         counts, ids, vocab_size = _validate.dyadic_parts(counts, ids, vocab_size, policy)
         _set_fields(self, counts, ids, vocab_size, policy)
 
@@ -191,7 +190,6 @@ class Dyadic:
         r, j = np.nonzero(rid >= 0)
         dense[r, rid[r, j]] = rows[r, j]
         dense = dense.reshape(self.batch_shape + (self.vocab_size,))
-        from . import _validate
         _validate.dyadic_rows(dense, None, self.vocab_size)  # the dense form obeys every rule
         return trusted_dyadic(_arrays.like(dense, self._counts), None, self.vocab_size,
                               self._policy)
@@ -241,6 +239,19 @@ def _set_fields(d, counts, ids, vocab_size, policy):
     object.__setattr__(d, "_policy", policy)
 
 
+def verify_q(q, b, k, v):
+    """verify's q: a Dyadic over (B, k) rows of the target's vocabulary, or None."""
+    if q is None:
+        return
+    if not isinstance(q, Dyadic):
+        raise TypeError(f"q: expected a dyadic.Dyadic or None (point-mass q), got "
+                        f"{type(q).__name__}")
+    if q.batch_shape != (b, k):
+        raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = {(b, k)}")
+    if q.vocab_size != v:
+        raise ValueError(f"q: vocab_size {q.vocab_size} does not match target's {v}")
+
+
 def stack(qs, axis=0):
     """Stack Dyadic batches along a new batch axis (e.g. the k positions of a chain).
 
@@ -266,7 +277,6 @@ def stack(qs, axis=0):
     parts = [q._numpy(host_copy=True) for q in qs]
     counts = np.stack([c for c, _ in parts], axis=axis)
     ids = None if not first.is_sparse else np.stack([i for _, i in parts], axis=axis)
-    from . import _validate
     _validate.dyadic_rows(counts, ids, first.vocab_size)  # the stacked copy obeys every rule
     orig = first.counts
     return trusted_dyadic(_arrays.like(counts, orig),

@@ -189,8 +189,9 @@ def _first_bad(mask, name, rule):
         raise ValueError(f"{name}: row {int(bad[0])}: {rule}")
 
 
-def verify_inputs(target, draft, q, greedy, *, check=True):
-    """Shapes and dtypes of verify's inputs; returns NumPy views and sizes.
+def verify_inputs(target, draft, greedy, *, check=True):
+    """Shapes and dtypes of verify's target, draft and greedy flags; returns NumPy views
+    and sizes (q is checked by ``_types.verify_q``).
 
     ``check`` True raises for a draft id outside [0, V); False leaves that rule to
     the kernel (status DRAFT_OUT_OF_RANGE for the request): an id that int32 cannot
@@ -212,7 +213,6 @@ def verify_inputs(target, draft, q, greedy, *, check=True):
                    f"token ids must be in [0, {v})")
     elif bad.any():
         d = np.where(bad, -1, d)
-    verify_q(q, b, k1 - 1, v)
     if greedy is None:
         g = np.zeros(b, dtype=np.uint8)
     else:
@@ -221,21 +221,6 @@ def verify_inputs(target, draft, q, greedy, *, check=True):
             raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({b},)")
         g = g.astype(np.uint8)
     return np.ascontiguousarray(t), np.ascontiguousarray(d.astype(np.int32)), g, b, k1 - 1, v
-
-
-def verify_q(q, b, k, v):
-    """verify's q: a Dyadic over (B, k) rows of the target's vocabulary, or None."""
-    from ._types import Dyadic
-
-    if q is None:
-        return
-    if not isinstance(q, Dyadic):
-        raise TypeError(f"q: expected a dyadic.Dyadic or None (point-mass q), got "
-                        f"{type(q).__name__}")
-    if q.batch_shape != (b, k):
-        raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = {(b, k)}")
-    if q.vocab_size != v:
-        raise ValueError(f"q: vocab_size {q.vocab_size} does not match target's {v}")
 
 
 def _is_f32(x):

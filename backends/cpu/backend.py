@@ -5,10 +5,11 @@ Every method receives validated, C-contiguous arrays and preallocated outputs
 writes one status code per row instead of raising.
 """
 
+from ..._backend import Backend
 from . import _kernels
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     name = "cpu"
 
     def usable(self):

@@ -5,7 +5,7 @@ with ``--fmad=false`` and the shared exponential table of ``backends/include``;
 every decision is integer arithmetic, so the results equal the reference bit
 for bit.  CuPy appends ``-ftz=true`` to every NVRTC compile (cupy#9576), so
 the kernels use no float32 arithmetic, comparison or f32 -> f64 conversion
-(``dc_f2d`` widens by bits; found on the H200: subnormal logits were flushed).
+(``dc_f2d`` widens by bits, so subnormal logits are not flushed).
 Modules and scratch buffers are cached per device.  Launches go through
 ``cuLaunchKernel`` via ctypes (``launch.py``; DYADIC_CUDA_LAUNCH=cupy: CuPy).
 
@@ -34,8 +34,8 @@ Launch structure:
 - dense allocate / propose: ``da2_max``, ``da2_sum``, ``da2_floor``, ``da2_mark``
   (``dense_alloc2.cuh`` / ``dense_alloc.cuh``, grid (tiles, B), exact integer atomics into a per-row
   state that the last block of ``da2_mark`` zeroes, a remainder-digit
-  histogram and an exact boundary-bin resolution; DYADIC_CUDA_DENSE=mb / old:
-  the earlier paths), then ``dc_draw`` for propose.
+  histogram and an exact boundary-bin resolution; DYADIC_CUDA_DENSE=mb: the
+  multi-block dd_* kernels, =old: dc_dense), then ``dc_draw`` for propose.
 - verify without greedy requests (check=False / True), small and middle batches
   (B x (k + 1) x V <= 32 x 6 x 129280, k + 1 <= 8; _vone_tile): ONE launch of
   ``dc_vone`` (verify_fused.cuh): block 0 of each request classifies the k
@@ -92,6 +92,8 @@ import sys
 
 import numpy as np
 
+from ..._backend import Backend
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TILE = 2048
 _VTILE = 4096
@@ -103,21 +105,19 @@ _FAST_MAX_BATCH = 16  # rank-counting top-K up to this batch, radix select above
 _TOPK_MODE = os.environ.get("DYADIC_CUDA_TOPK", "")
 # DYADIC_CUDA_TOPK_STAGE=1: in the rank-counting path the last block of a row stages the
 # candidates in shared memory (one batch of loads) and keeps the K support entries in shared
-# memory.  Default on (H200 2026-11-29: parity 343 passed, B=1 38.8 -> 34.9 us, B=4 43.1 ->
-# 39.1); DYADIC_CUDA_TOPK_STAGE=0 turns it off.
+# memory.  Default on (the faster of the two on the H200, docs/performance.md; the same
+# results); DYADIC_CUDA_TOPK_STAGE=0 turns it off.
 _TOPK_STAGE = os.environ.get("DYADIC_CUDA_TOPK_STAGE", "1") == "1"
 # DYADIC_CUDA_VERIFY=old: the 4096-tile two-launch verify; =split: the same in four launches
 # (A/B runs).  Default: dc_v1 + dc_v2 (runtime tiles, 16-byte loads, one reduction per tile).
 _VERIFY_MODE = os.environ.get("DYADIC_CUDA_VERIFY", "")
 # Dense allocate / propose.  Default "da2": the da2_* kernels (dense_alloc2.cuh: four launches,
-# no [B, V] scratch, pipelined 16-byte loads, evict-first counts stores).  H200 2026-11-29,
-# graph replay, V=129280 fp32: B=1/4/64 26.1 / 32.4 / 91.9 us (a first version of the same
-# arithmetic, removed: 27.5 / 33.7 / 104.7).  DYADIC_CUDA_DENSE=mb: the multi-block dd_*
-# kernels (261 us at B=64); =old: dc_dense, one block per row.
+# no [B, V] scratch, pipelined 16-byte loads, evict-first counts stores): the fastest dense
+# path on the H200 (docs/performance.md).  DYADIC_CUDA_DENSE=mb: the multi-block dd_*
+# kernels; =old: dc_dense, one block per row.
 _DENSE_MODE = os.environ.get("DYADIC_CUDA_DENSE", "da2")
-# verify_lazy: dc_vlazy2 + dc_vres2 (verify_lazy2.cuh: 64-id chunk sums, a one-warp search in
-# the last block).  H200 2026-11-29, dense q k=5: B=1/4/64 21.5 / 25.3 / 59.7 us; the first
-# version (dc_vlazy + dc_v2, removed) measured 21.2 / 30.0 / 72.8 in the same run.
+# verify_lazy in two launches: dc_vlazy2 + dc_vres2 (verify_lazy2.cuh: 64-id chunk sums, a
+# one-warp search in the last block).
 # v2 tuning (A/B runs): stage-1 tile cap (a multiple of 1024) and the largest batch with the
 # stage-1 prefetch (row 0's first tile words before the classification, L2 prefetch of q).
 _LAZY_VT = int(os.environ.get("DYADIC_CUDA_LAZY_VT", "16384"))
@@ -126,28 +126,23 @@ _LAZY_PRE = int(os.environ.get("DYADIC_CUDA_LAZY_PRE", "16"))
 # row's total and its chunk sums in one pass, the selection decided for every valid total,
 # undecided ids listed and added with the exact total by the last block); =2: dc_vlazy2 +
 # dc_vres2.  The fused kernel takes vocabularies up to _VF_MAXV (<= 128 tiles of <= 32768 ids).
-# H200, k=5 dense q, device time B=1/4/16/64: 19.0 / 17.6 / 24.1 / 48.3 us against 17.9 /
-# 25.0 / 27.7 / 59.8 for the two launches (docs/benchmarks.md, third session).
+# On the H200 the fused kernel is the faster of the two from B = 4 on and close at B = 1
+# (docs/performance.md).
 _LAZY_MODE = os.environ.get("DYADIC_CUDA_LAZY", "fused")
 # Tiles: about _VF_BPS blocks per SM over the whole grid (one wave at the kernel's register
 # cap of 3 blocks per SM), multiples of 1024 ids, at most _VF_VTCAP (<= 32768: VF_MAXCT).
-# H200, dense q k=5, B=1/4/16/64, 16-byte loads (one run): cap 16384 19.0 / 17.6 / 24.1 /
-# 48.3 us, cap 8192 18.8 / 17.5 / 24.1 / 50.4, cap 32768 19.0 / 17.6 / 24.1 / 57.1, 6 blocks
-# per SM 19.0 / 24.3 / 29.8 / 50.6.
-# Session 4 (2026-12-01), B=64: a tile count rounded down to fit one wave (6 tiles of
-# 22528, 384 blocks, instead of 8 of 16384, 512 blocks) measured 47.5-47.9 us against
-# 48.2-48.3 (dense q) and 48.8-49.1 against 48.2-48.6 (top-32 q): no gain, not kept; an
-# L2 prefetch of each row two loop iterations ahead: 48.0 vs 47.9, not kept either.
+# The cap 16384: on the H200 the fastest of 8192 / 16384 / 32768 at B = 64, the three about
+# equal at smaller batches; 6 blocks per SM is slower, and a tile count rounded down to fit
+# one wave or an L2 prefetch of each row two loop iterations ahead gains nothing
+# (docs/performance.md).
 _VF_VTCAP = int(os.environ.get("DYADIC_CUDA_VF_VT", "16384"))
 # dc_vfused (80 registers, 3 blocks per SM) while the grid fits one wave at 3 blocks per SM,
-# else dc_vfused_r64 (the same code at 64 registers, 4 blocks per SM, some spills).  H200
-# (2026-12-01, one run, device us, dense / top-32 q, each variant twice): B=64 45.1-45.3 /
-# 46.1-46.3 against 46.8-47.1 / 47.4-47.6; B=16 24.2 / 25.1 against 23.7 / 24.6 and B=1 19.6 /
-# 20.5 against 18.7 / 19.4 (where dc_vfused stays).  DYADIC_CUDA_VF_KERNEL forces one.
+# else dc_vfused_r64 (the same code at 64 registers, 4 blocks per SM, some spills): on the
+# H200 each is the faster of the two where it is taken (docs/performance.md).
+# DYADIC_CUDA_VF_KERNEL forces one.
 _VF_KERNEL = os.environ.get("DYADIC_CUDA_VF_KERNEL", "")
 # at least 2048 ids per tile (B = 1 at V = 129280: 64 tiles instead of 127, fewer tile
-# records for the last block; H200 2026-12-01, one run, dense / top-32 q: 16.4 / 17.1 us
-# against 18.6 / 19.5; B = 4 already has 64 tiles).
+# records for the last block: faster on the H200; B = 4 already has 64 tiles).
 _VF_MINT = int(os.environ.get("DYADIC_CUDA_VF_MINT", "2048"))
 _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 # verify (check=False / True) without greedy requests in one launch: dc_vone (verify_fused.cuh:
@@ -156,11 +151,8 @@ _VF_BPS = float(os.environ.get("DYADIC_CUDA_VF_BPS", "3"))
 # largest tiles that fit its grid of B x (1 + (k + 1) x tiles) blocks in one wave at 3
 # blocks per SM, if they have at most _VONE_VTMAX ids, else with dc_vfused's tiles while
 # B x (k + 1) x V <= _VONE_MAXELEM (dc_vone reads every q row too: at B = 64 the two
-# launches are faster).  H200 (2026-12-01, k = 5, V = 129280, device us, dense / top-32 q,
-# dc_vone against dc_v1 + dc_v2 in one process): B=1 16.4 / 16.9 against 26.8 / 34.3, B=2
-# 18.5 / 19.1 against 29.2 / 36.5, B=4 23.9 / 24.1 against 33.9 / 39.7, with dc_vfused's
-# tiles B=8 42.8 / 43.4 against 41.0 / 47.6, B=16 56.5 / 57.1 against 61.3 / 67.5, B=32
-# 92.4 / 92.9 against 102.9 / 101.9, B=64 164.2 / 165.3 against 150.5 / 149.2.
+# launches are faster).  _VONE_MAXELEM is B = 32 at k = 5, V = 129280: up to there dc_vone
+# is the faster on the H200 (docs/performance.md).
 # DYADIC_CUDA_VONE=0 never takes it, =1 whenever k + 1 <= 8 (dc_vfused's tiles; for tests).
 _VONE_MODE = os.environ.get("DYADIC_CUDA_VONE", "auto")
 _VONE_MAXK1 = 8  # VA_MAXK1
@@ -173,32 +165,25 @@ _VF_ACAP = int(os.environ.get("DYADIC_CUDA_VF_ACAP", "2048"))
 # DYADIC_CUDA_DENSE_RECIP=1: dd_floor divides by the row reciprocal (exact, corrected);
 # NOT YET GPU-TESTED, off by default.
 _DENSE_RECIP = os.environ.get("DYADIC_CUDA_DENSE_RECIP", "0") == "1"
-# top_k <= _PK_KMAX: H200 2026-11-29, propose top-32 bf16 B=1/4/64: pk_topk2 24.1 / 22.6 / 76.6
-# us, dc_topk 36.0 / 39.9 / 161.0; a first pk_topk (23.5 / 24.4 / 96.2) was removed on
-# 2026-12-01 (pk_topk2 and pk_topk3 share its selection and a faster last block).
+# top_k <= _PK_KMAX: the one-launch pk_topk* kernels, faster than dc_topk on the H200
+# (docs/performance.md); larger top_k: dc_topk.
 _PK_KMAX = 32
 _PK_NT = 512
 _PK_EPT = 8  # PK_EPT of propose_fast.cuh: ids per thread; the tile and R * K are <= _PK_NT * _PK_EPT
 # "0": dc_topk, "2": pk_topk2, "3": pk_topk3 (propose_wide.cuh: tiles of 8192
 # ids, 16 per thread; only without bias, else pk_topk2), "auto" (default): pk_topk2 where
 # its grid has at most _PK_SMALL blocks (B x ceil(V / 4096): B = 1 at V = 129280), else
-# pk_topk3.  H200 (2026-12-01, propose top-32 bf16, device us, B = 1 / 4 / 16 / 64, one run):
-# pk_topk2 19.7 / 21.4 / 32.6 / 75.1, pk_topk3 20.4 / 20.0 / 23.9 / 46.0.  Dropped variants
-# (earlier runs, pk_topk3 then at 20.5 / 20.3 / 24.3 / 48.5): tiles of 16384 (32 ids per
-# thread, one block per SM) 24.6 / 24.6 / 24.9 / 55.7; two or four sub-tiles of 8192 with
-# one running bound 28.7 / 29.1 / 29.6 / 50.2 and 78.6 / 79.7 / 79.9 / 103.6.
+# pk_topk3: on the H200 each is the faster of the two where auto takes it; tiles of 16384
+# (32 ids per thread, one block per SM) and two or four sub-tiles of 8192 with one running
+# bound are slower than pk_topk3's tiles (docs/performance.md).
 _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
 # pk_topk4 / pk_topk4w / pk_topk4x (propose_packed.cuh): pk_topk3's tile phase on packed
 # 16-bit keys, tiles of 8192 / 16384 / 32768 ids, taken in pk_topk3's place for bfloat16 /
 # float16 logits without bias on 16-byte loads (and for those, auto routes every batch to
 # the wide kernels).  DYADIC_CUDA_PK4: "auto" (default) the smallest tile whose grid fits
 # one wave of two blocks per SM, else the largest; 1 / 2 / 3 force one; 0 pk_topk3.
-# H200 (2026-12-01, propose top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 / 64,
-# one run, first version of the kernels): pk_topk3 (auto: pk_topk2 at B = 1) 17.2 / 16.8 /
-# 20.7 / 27.5 / 41.6, pk_topk4 16.6 / 16.3 / 18.7 / 23.4 / 34.8, pk_topk4w 18.9 / 18.3 /
-# 19.2 / 21.6 / 29.8, pk_topk4x 24.4 / 23.8 / 23.7 / 23.9 / 25.8; the auto choice of the
-# eighth session's kernels: 15.1 / 15.1 / 17.2 / 19.7 / 22.7; with the ninth session's
-# ranked tiles and merge tree: 11.4 / 11.8 / 13.5 / - / 18.6.
+# On the H200 the auto choice is faster than pk_topk3 (pk_topk2 at B = 1) at every batch
+# (docs/performance.md).
 _PK4 = os.environ.get("DYADIC_CUDA_PK4", "auto")
 _PK4 = -1 if _PK4 == "auto" else int(_PK4)
 _PK4_CHUNKS = (8192, 16384, 32768)  # pk_topk4 / 4w / 4x: PK_NT * 16 / 32 / 64 ids
@@ -608,8 +593,8 @@ def _keys(call, seed, generation, round_, position, batch):
     if all(host):
         packed = np.empty((4, batch), dtype=np.uint64)
         for j, a in enumerate((seed, generation, round_, position)):
-            packed[j] = a  # cast and broadcast by the assignment (0.5 us; astype and
-            # broadcast_to took 9.6 us per field on the CI machine)
+            packed[j] = a  # cast and broadcast by the assignment (one NumPy call per
+            # field; astype and broadcast_to are much slower)
         base = call(packed)
         ptrs = [np.uint64(int(base) + 8 * batch * j) for j in range(4)]
         return ptrs, 0b01010101
@@ -1021,8 +1006,10 @@ class _Launcher:
         return _PLANS.get(self.key) is self.plan
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     name = "cuda"
+    has_lazy_verify = True
+    has_launchers = True
     #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
     reads_half_precision = True
     #: propose / verify with check=False and out= launch only kernels on the
@@ -1084,9 +1071,9 @@ class CupyBackend:
                         scratch("sup_rem", 8 * batch * k), scratch("sup_cnt", 4 * batch * k))
                 _PLANS[pk] = bufs
             cand_key, cand_id, tile_bad, counters, sup_id, sup_key, sup_rem, sup_cnt = bufs
-            # Rank-counting top-K where it measured faster on the H200 (B=1: 38 vs 53 us,
-            # B=4: 45 vs 52); at B=64 the radix path was faster (146 vs 165 us).  Both
-            # paths passed the full parity suite there (2026-11-29).
+            # Rank-counting top-K up to _FAST_MAX_BATCH rows, the radix select above: the
+            # faster of the two at each batch on the H200 (docs/performance.md).  Both give
+            # the same results (DYADIC_CUDA_TOPK forces one for the parity tests).
             fast = k <= _KSMALL and (_TOPK_MODE == "rank"
                                      or (_TOPK_MODE != "radix" and batch <= _FAST_MAX_BATCH))
             args = common + (_I32[k], _I32[kc], _I32[ntiles], _I32[policy], _I32[do_draw],

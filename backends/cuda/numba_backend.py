@@ -28,6 +28,7 @@ if not hasattr(np, "row_stack"):  # before numba.cuda is first imported (numpy 2
 from numba import cuda  # noqa: E402
 
 from . import numba_core, numba_kernels as K  # noqa: E402
+from ..._backend import Backend  # noqa: E402
 
 
 def _simulator():
@@ -129,7 +130,7 @@ def _dummy(dtype, ndim):
     return cuda.to_device(np.zeros((1,) * ndim, dtype=dtype))
 
 
-class NumbaBackend:
+class NumbaBackend(Backend):
     name = "numba"
     #: launches go through numba's own stream handling and copies: not capturable
     #: in a CUDA graph (the backend's job is correctness, not speed).

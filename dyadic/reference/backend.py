@@ -6,6 +6,7 @@ Slow (pure Python loops); meant for small inputs, tests and the fuzz command.
 import numpy as np
 
 from .. import _spec, _status
+from .._backend import Backend
 from . import allocation, philox, sampling
 
 _POLICIES = {code: name for name, code in _spec.POLICY_CODES.items()}
@@ -85,7 +86,7 @@ def _fail_alloc(counts, ids, b):
         ids[b] = _spec.PAD_ID
 
 
-class ReferenceBackend:
+class ReferenceBackend(Backend):
     name = "reference"
 
     def philox4x32(self, counters, keys, rounds, out):
