@@ -21,7 +21,7 @@ How it stays the same call:
   ids on its counts' device, contiguous, of its shape and int32).  When
   any of these does not hold, the call returns None and the caller takes the
   full path, which converts or raises exactly as it always did.
-- ``out=`` is checked by the same function as the full path (dyadic._device
+- ``out=`` is checked by the same function as the full path (dyadic._gpu_arrays
   ._outputs: the same errors), the stream is entered the same way (``_enter``).
 - An entry is dropped when its backend plan leaves the backend's plan cache
   (A/B switches and tests clear it).
@@ -34,7 +34,7 @@ whether greedy flags are given).
 At most ``_MAX`` entries per primitive (cleared when full).
 """
 
-from . import _device as _dev
+from . import _gpu_arrays as _ga
 from ._types import Dyadic, Keys, trusted_dyadic, trusted_verdict
 
 _MAX = 256
@@ -46,7 +46,7 @@ _KEY_BITS = {}  # torch key dtype -> format bits (1: 8-byte field); filled with 
 
 
 def _key_bits():
-    torch = _dev._TORCH or _dev._torch()
+    torch = _ga._TORCH or _ga._torch()
     _KEY_BITS.update({torch.int64: 1, torch.uint64: 1, torch.int32: 0, torch.uint32: 0})
     return _KEY_BITS
 
@@ -54,7 +54,7 @@ def _key_bits():
 def device_keys(keys, batch):
     """(pointers, format word) of keys whose four fields are contiguous integer CUDA
     tensors of shape (B,) or (1,), as the backend's _keys makes them; None otherwise.
-    One pass that is both dyadic._device._keys's hot-path test and cupy_backend._keys's
+    One pass that is both dyadic._gpu_arrays._keys's hot-path test and cupy_backend._keys's
     format word: calling the two costs about 2.5 us more per call (measured locally),
     a tenth of the fast path; the trace test (tests/test_fast_path.py) holds them equal.
     The four fields are tested side by side, not in a loop (about 0.9 us less per call
@@ -62,7 +62,7 @@ def device_keys(keys, batch):
     if type(keys) is not Keys:
         return None
     bits = _KEY_BITS or _key_bits()
-    tt = _dev._TORCH.Tensor
+    tt = _ga._TORCH.Tensor
     s, g, r, p = keys.seed, keys.generation, keys.round, keys.position
     if (type(s) is not tt or type(g) is not tt or type(r) is not tt or type(p) is not tt
             or not (s.is_cuda and g.is_cuda and r.is_cuda and p.is_cuda)
@@ -90,12 +90,12 @@ def device_keys(keys, batch):
 def _launch(backend, dev, run, *args):
     """``run(*args)`` inside the call's stream / device context (dyadic._device's
     _enter / _leave, as the full path)."""
-    tok = _dev._enter(backend, dev)
+    tok = _ga._enter(backend, dev)
     try:
         run(*args)
     finally:
         if tok is not None:
-            _dev._leave(tok)
+            _ga._leave(tok)
 
 
 def _store(table, key, be, maker, args, entry):
@@ -141,7 +141,7 @@ class FastPropose:
         if k is None:
             return None
         dev = logits.device
-        tokens, counts, ids, status = _dev._outputs(out, dev, self.specs)
+        tokens, counts, ids, status = _ga._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, logits.data_ptr(), self.temp_ptr, k[0],
                 k[1], (tokens.data_ptr(), counts.data_ptr(), ids.data_ptr(), status.data_ptr()))
         return tokens, trusted_dyadic(counts, ids, self.v, self.policy)
@@ -183,7 +183,7 @@ class FastAllocate:
         if not x.is_contiguous() or not self.launcher.valid():
             return None
         dev = x.device
-        counts, ids, status = _dev._outputs(out, dev, self.specs)
+        counts, ids, status = _ga._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, x.data_ptr(), self.temp_ptr,
                 counts.data_ptr(), None if ids is None else ids.data_ptr(), status.data_ptr())
         return trusted_dyadic(counts, ids, self.v, self.policy)
@@ -227,8 +227,8 @@ class FastDraw:
             return None
         ids = q._ids
         if self.sparse:
-            torch = _dev._TORCH
-            if (not _dev._on(ids, counts.get_device(), torch) or ids.shape != self.shape
+            torch = _ga._TORCH
+            if (not _ga._on(ids, counts.get_device(), torch) or ids.shape != self.shape
                     or ids.dtype != torch.int32):
                 return None
             ids = ids.data_ptr()
@@ -236,7 +236,7 @@ class FastDraw:
         if k is None:
             return None
         dev = counts.device
-        (tokens,) = _dev._outputs(out, dev, self.specs)
+        (tokens,) = _ga._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, counts.data_ptr(), ids, k[0], k[1],
                 tokens.data_ptr())
         return tokens
@@ -248,7 +248,7 @@ def draw_key(q, backend):
     if type(q) is not Dyadic:
         return None
     c, i = q._counts, q._ids
-    tt = _dev._TORCH.Tensor
+    tt = _ga._TORCH.Tensor
     if type(c) is not tt or c.dim() != 2 or (i is not None and type(i) is not tt):
         return None
     return (backend, c.shape, c.dtype, c.device, i is not None)
@@ -282,9 +282,9 @@ class FastVerify:
     def __call__(self, target, draft, q, keys, out, greedy):
         if not target.is_contiguous() or not self.launcher.valid():
             return None
-        torch = _dev._TORCH
+        torch = _ga._TORCH
         didx = target.get_device()
-        on = _dev._on
+        on = _ga._on
         if not on(draft, didx, torch) or draft.dtype != torch.int32 or draft.shape != self.bk:
             return None
         qc = qi = None
@@ -304,14 +304,14 @@ class FastVerify:
         else:
             g = self.g
             if g is None and not self.lazy:  # _ZEROS_U8's tensors are never dropped
-                g = _dev._ZEROS_U8.get((dev, self.b))
+                g = _ga._ZEROS_U8.get((dev, self.b))
                 if g is None:
                     return None
                 g = self.g = g.data_ptr()
         k = device_keys(keys, self.b)
         if k is None:
             return None
-        accepted, tokens, status = _dev._outputs(out, dev, self.specs)
+        accepted, tokens, status = _ga._outputs(out, dev, self.specs)
         _launch(self.backend, dev, self.launcher.run, target.data_ptr(), draft.data_ptr(), qc,
                 qi, g, k[0], k[1], accepted.data_ptr(), tokens.data_ptr(), status.data_ptr())
         return trusted_verdict(accepted, tokens, status)
@@ -322,7 +322,7 @@ def verify_key(target, q, backend, lazy, greedy=False):
     flags given), or None."""
     if q is None:
         qk = None
-    elif type(q) is Dyadic and type(q._counts) is _dev._TORCH.Tensor:
+    elif type(q) is Dyadic and type(q._counts) is _ga._TORCH.Tensor:
         qk = (q._counts.shape[-1], q._ids is not None)
     else:
         return None

@@ -182,8 +182,8 @@ _PK_MODE = os.environ.get("DYADIC_CUDA_PK", "auto")
 # float16 logits without bias on 16-byte loads (and for those, auto routes every batch to
 # the wide kernels).  DYADIC_CUDA_PK4: "auto" (default) the smallest tile whose grid fits
 # one wave of two blocks per SM, else the largest; 1 / 2 / 3 force one; 0 pk_topk3.
-# On the H200 the auto choice is faster than pk_topk3 (pk_topk2 at B = 1) at every batch
-# (docs/performance.md).
+# On the H200 the auto choice is faster than pk_topk3 and, at B = 1, pk_topk2 at every
+# batch (docs/performance.md).
 _PK4 = os.environ.get("DYADIC_CUDA_PK4", "auto")
 _PK4 = -1 if _PK4 == "auto" else int(_PK4)
 _PK4_CHUNKS = (8192, 16384, 32768)  # pk_topk4 / 4w / 4x: PK_NT * 16 / 32 / 64 ids
@@ -280,6 +280,18 @@ def _current_stream_ptr():
     if not _GET_STREAM:
         _GET_STREAM.append(_cupy().cuda.get_current_stream)
     return _GET_STREAM[0]().ptr
+
+
+def device_id():
+    """The current CUDA device index (CuPy's view): dyadic._gpu_arrays enters torch's
+    device only when it differs."""
+    return _device_id()
+
+
+def current_stream_ptr():
+    """The raw handle of CuPy's current stream: dyadic._gpu_arrays makes torch's
+    stream current only when it differs."""
+    return _current_stream_ptr()
 
 
 def _make_context_current():

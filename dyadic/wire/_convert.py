@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _spec
 from .._types import Dyadic
-from ._messages import REPR_DENSE, REPR_SPARSE, U32
+from ._rules import REPR_DENSE, REPR_SPARSE, U32
 
 _SCALE = np.float32(1.0 / _spec.TOTAL)
 

@@ -1,0 +1,294 @@
+"""GPU array handling for the device path: torch / CuPy / ``__cuda_array_interface__``
+views, the caller's stream and device context, device key fields, temperatures and
+preallocated outputs.
+
+Shared by ``dyadic._device`` (every GPU call) and ``dyadic._fast`` (repeat calls);
+it imports neither, nor any backend's private names.  torch is imported on first
+use only.
+"""
+
+import numpy as np
+
+from . import _arrays, _status, _validate
+from ._types import Keys
+
+
+_TORCH = None
+_FLOATS = ()  # torch.float32 / float16 / bfloat16, once torch is imported
+_RAW_STREAM = None  # torch._C._cuda_getCurrentRawStream (or None: current_stream())
+_CB = None  # dyadic.backends.cuda.cupy_backend, once used
+
+
+def _torch():
+    global _TORCH, _FLOATS, _RAW_STREAM
+    if _TORCH is None:
+        import torch
+        _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+        _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _TORCH = torch
+    return _TORCH
+
+
+def _as_torch(a):
+    """A torch CUDA view of a device array (zero-copy) and its original kind."""
+    torch = _TORCH or _torch()
+    if isinstance(a, torch.Tensor):
+        return a, "torch"
+    return torch.as_tensor(a, device="cuda"), "cupy"
+
+
+def _host_tensor(a, device=None):
+    """``torch.as_tensor(a, device=device)`` for host data, without torch's warning about
+    non-writable NumPy arrays: a read-only array (a Dyadic's fields are read-only) is
+    copied by ``torch.tensor`` instead of shared (nothing here writes to it; the copy to
+    the device is made either way)."""
+    torch = _TORCH or _torch()
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        return torch.tensor(a, device=device)
+    return torch.as_tensor(a, device=device)
+
+
+def _back(t, kind):
+    if kind == "cupy":
+        import cupy
+        return cupy.asarray(t)
+    return t
+
+
+
+def _cupy_backend():
+    global _CB
+    if _CB is None:
+        from .backends.cuda import cupy_backend
+        _CB = cupy_backend
+    return _CB
+
+
+def _stream_handle(dev):
+    """The raw handle of torch's current stream on device index ``dev``."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(dev)
+    return _TORCH.cuda.current_stream(dev).cuda_stream
+
+
+def _enter(backend, device):
+    """Run the backend on torch's current stream of ``device``: for the cuda backend,
+    CuPy's device and current stream are made torch's.  The CuPy device context is
+    entered only when the tensor's device is not the current one, and the (cached)
+    CuPy stream object (cupy_backend.external_stream) only when CuPy's current stream
+    is not already that stream (the default stream of both, in plain eager use).
+    Returns what ``_leave`` undoes."""
+    if backend != "cuda":
+        return None
+    cb = _CB or _cupy_backend()
+    torch = _TORCH or _torch()
+    dev = device.index
+    if dev is None:
+        dev = torch.cuda.current_device()
+    dctx = None
+    if dev != cb.device_id():  # cupy.cuda.runtime.getDevice once cupy is loaded (no frame)
+        import cupy
+        dctx = cupy.cuda.Device(dev)
+        dctx.__enter__()
+    try:
+        handle = _RAW_STREAM(dev) if _RAW_STREAM is not None else _stream_handle(dev)
+        sctx = None
+        if handle != cb.current_stream_ptr():
+            sctx = cb.external_stream(handle)
+            sctx.__enter__()
+    except BaseException:
+        if dctx is not None:
+            dctx.__exit__(None, None, None)
+        raise
+    if dctx is None and sctx is None:
+        return None
+    return sctx, dctx
+
+
+def _leave(token):
+    sctx, dctx = token
+    if sctx is not None:
+        sctx.__exit__(None, None, None)
+    if dctx is not None:
+        dctx.__exit__(None, None, None)
+
+
+def _float_dtype(t, name):
+    if not _FLOATS:
+        _torch()
+    if t.dtype not in _FLOATS:
+        raise _arrays.unsupported_float(name, t)
+
+
+def _temperature(temperature, batch, device, allow_zero, check):
+    torch = _TORCH or _torch()
+    if type(temperature) is float or type(temperature) is int:
+        # a validated Python scalar seen before: the cached device copy (no validation,
+        # no copy: the eager hot path, and graph capture works)
+        t = _TEMP_CACHE.get((device, batch, float(temperature), allow_zero))
+        if t is not None:
+            return t
+    elif isinstance(temperature, torch.Tensor) and temperature.device.type == "cuda":
+        t = temperature.to(torch.float64).reshape(-1)
+        if t.shape[0] not in (1, batch):
+            raise ValueError(f"temperature: expected a scalar or shape ({batch},), got "
+                             f"{tuple(temperature.shape)}")
+        if check:
+            _validate.temperature(t.cpu().numpy(), batch, allow_zero=allow_zero)
+        return t.expand(batch).contiguous()
+    host = _validate.temperature(temperature, batch, allow_zero=allow_zero)
+    if np.ndim(temperature) == 0:  # cached per value: no copy, so graph capture works
+        key = (device, batch, float(host[0]) if batch else 0.0, allow_zero)
+        t = _TEMP_CACHE.get(key)
+        if t is None:
+            t = torch.from_numpy(host.copy()).to(device)
+            _TEMP_CACHE[key] = t
+        return t
+    return torch.from_numpy(host.copy()).to(device)
+
+
+_TEMP_CACHE = {}
+_ZEROS_U8 = {}
+_ONES_F64 = {}
+
+
+def _keys(keys, batch, device, check, extra=0):
+    """Key fields as device arrays (int64 seed / int32 others, or as given)."""
+    torch = _TORCH or _torch()
+    if not isinstance(keys, Keys):
+        raise TypeError(f"keys: expected dyadic.Keys, got {type(keys).__name__}")
+    fields = (keys.seed, keys.generation, keys.round, keys.position)
+    kd = _KEY_DTYPES or _key_dtypes()
+    if not check:
+        # hot path: 1-D contiguous integer CUDA tensors of length B or 1 pass as they are
+        # (a shape (B,) or (1,) is dim() == 1 and numel() in (1, B))
+        tt, ks, full, one = torch.Tensor, _KEY_DTYPE_SET, (batch,), (1,)
+        for f in fields:
+            if (type(f) is not tt or not f.is_cuda or f.dtype not in ks
+                    or ((s := f.shape) != full and s != one) or not f.is_contiguous()):
+                break
+        else:
+            return fields
+    on_dev = [isinstance(f, torch.Tensor) and f.device.type == "cuda" for f in fields]
+    if not any(on_dev):
+        host = keys.broadcast(batch, position_extra=extra)
+        return tuple(host)  # NumPy: the backend uploads them in one copy
+    if not check and all(on_dev):
+        # 1-D contiguous integer device fields of length B or 1 pass as they are
+        for f in fields:
+            if (f.dim() != 1 or f.shape[0] not in (1, batch) or not f.is_contiguous()
+                    or f.dtype not in kd):
+                break
+        else:
+            return fields
+    if check:
+        host = Keys(*[f.cpu() if d else f for f, d in zip(fields, on_dev)])
+        host.broadcast(batch, position_extra=extra)
+    out = []
+    for f, d, (name, _, dtype) in zip(fields, on_dev, (("seed", 0, torch.int64),
+                                                      ("generation", 0, torch.int32),
+                                                      ("round", 0, torch.int32),
+                                                      ("position", 0, torch.int32))):
+        if not d:
+            f = torch.as_tensor(np.broadcast_to(np.asarray(f), (batch,)).astype(
+                np.uint64 if name == "seed" else np.uint32).view(
+                np.int64 if name == "seed" else np.int32)).to(device)
+        f = f.reshape(-1)
+        if f.shape[0] not in (1, batch):
+            raise ValueError(f"keys.{name}: length {f.shape[0]} does not match the batch {batch}")
+        if f.element_size() not in (4, 8) or f.is_floating_point():
+            raise TypeError(f"keys.{name}: device keys need 32- or 64-bit integers")
+        out.append(f.contiguous())
+    return tuple(out)
+
+
+_KEY_DTYPES = ()
+_KEY_DTYPE_SET = frozenset()
+
+
+def _key_dtypes():
+    global _KEY_DTYPES, _KEY_DTYPE_SET
+    if not _KEY_DTYPES:
+        torch = _torch()
+        _KEY_DTYPES = (torch.int64, torch.int32, torch.uint32, torch.uint64)
+        _KEY_DTYPE_SET = frozenset(_KEY_DTYPES)
+    return _KEY_DTYPES
+
+
+def _outputs(out, device, specs):
+    """The output tensors of ``specs``, one per (name, shape, dtype) (None gives None):
+    ``out[name]`` where given, after its shape and dtype are checked, else a new empty
+    tensor on ``device``.  One call for all outputs of a primitive (the hot path)."""
+    got = []
+    for spec in specs:
+        t = None if spec is None or out is None else out.get(spec[0])
+        if t is None:
+            if spec is not None:
+                t = (_TORCH or _torch()).empty(spec[1], dtype=spec[2], device=device)
+        elif (t.shape != spec[1] and tuple(t.shape) != spec[1]) or t.dtype != spec[2]:
+            name, shape, dtype = spec
+            raise ValueError(f"out[{name!r}]: expected {dtype} {tuple(shape)}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
+        got.append(t)
+    return got
+
+
+def _x_bias(x, bias, name, be):
+    """x as a [B, V] torch view and bias as [1 or B, V]; float16/bfloat16 are
+    widened to float32 (exact) for backends that read float32 only (numba)."""
+    torch = _TORCH or _torch()
+    if type(x) is not torch.Tensor:
+        x, kind = _as_torch(x)
+    else:
+        kind = "torch"
+    if x.dtype not in _FLOATS:  # _float_dtype(x, name) inline (the hot path)
+        raise _arrays.unsupported_float(name, x)
+    if x.dtype != torch.float32 and not be.reads_half_precision:
+        x = x.float()
+    nd = x.dim()
+    if nd < 1:
+        raise ValueError(f"{name}: expected shape [..., V], got a scalar")
+    shape = x.shape
+    batch_shape, v = tuple(shape[:-1]), int(shape[-1])
+    _validate.vocab(v, name)
+    # a contiguous [B, V] tensor is its own reshape(-1, V).contiguous() (same data, shape)
+    x2 = x if nd == 2 and x.is_contiguous() else x.reshape(-1, v).contiguous()
+    b2 = None
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            bias = _host_tensor(np.asarray(bias))
+        bias = bias.to(x.device)
+        _float_dtype(bias, "bias")
+        if bias.dtype != torch.float32 and not be.reads_half_precision:
+            bias = bias.float()
+        if tuple(bias.shape[-1:]) != (v,):
+            raise ValueError(f"bias: last dimension {tuple(bias.shape[-1:])} does not match "
+                             f"the vocabulary {v}")
+        if bias.dim() == 1:
+            b2 = bias.reshape(1, v).contiguous()
+        elif tuple(bias.shape) == tuple(x.shape):
+            b2 = bias.reshape(-1, v).contiguous()
+        else:
+            raise ValueError(f"bias: shape {tuple(bias.shape)} must be ({v},) or equal to "
+                             f"{name}'s {tuple(x.shape)}")
+    return x2, b2, batch_shape, v, kind
+
+
+def _finish(status, check, label=None):
+    if check:
+        _status.raise_for_status(status.cpu().numpy(), label)
+
+
+def _on(t, dev_index, torch):
+    """t is a contiguous torch tensor on CUDA device ``dev_index`` (as_tensor / to /
+    contiguous would return it unchanged)."""
+    return (type(t) is torch.Tensor and t.is_cuda and t.get_device() == dev_index
+            and t.is_contiguous())
+
+
+def _check_draft(d, v):
+    dn = d.cpu().numpy()
+    bad = np.flatnonzero(((dn < 0) | (dn >= v)).any(axis=1))
+    if bad.size:
+        raise ValueError(f"draft: row {int(bad[0])}: token ids must be in [0, {v})")
+
