@@ -1,11 +1,11 @@
-"""CUDA-graph replay timings of backend="cuda" vs plain PyTorch (H200 targets, issue 4).
+"""CUDA-graph replay timings of backend="cuda" vs plain PyTorch (H200 targets: docs/performance.md).
 
 python tools/gpu_bench.py [--out DIR] [--batch 1,4,16,64]
     -> prints a Markdown table, writes gpu_bench.json
 Inputs p = softmax(3z), V = 129280.  Two medians per graph (200 replays each):
 - ``name``: per-replay CUDA-event time, the start event recorded on an idle queue, so the
   interval includes the host's submission of the replay (a one-kernel graph measures
-  about 9 us this way on the H200 machine: see the ``trivial_kernel`` column);
+  several microseconds this way: see the ``trivial_kernel`` column);
 - ``name@dev``: device time, the queue held by a sleep kernel while the host enqueues
   the start event and the replay (``dyadic.bench.timing.held_event_times``).
 The plain-PyTorch pipelines are timed the same two ways in the same run.
@@ -170,7 +170,7 @@ def main():
         put(r, "trivial_kernel", lambda: x1.add_(1))
         for name, fn in cs.items():
             put(r, name, fn)
-        # A/B in the same run: the previous paths of each primitive (module switches)
+        # A/B in the same run: the alternative paths of each primitive (module switches)
         from dyadic.backends.cuda import cupy_backend as _cb
         for name, sets, fn in (("allocate_dense_f32_MB", {"_DENSE_MODE": "mb"}, alloc),
                                ("propose_top32_bf16_PK2", {"_PK_MODE": "2"}, prop),

@@ -1,4 +1,4 @@
-"""Eager host overhead of backend="cuda" calls (issue 4: target <= 30 us) and launch parity.
+"""Eager host overhead of backend="cuda" calls (target <= 30 us) and launch parity.
 
 python tools/host_overhead.py [--reps 2000] [--out DIR]
 

@@ -13,8 +13,8 @@ The CUDA parts are faked so that only dyadic's own Python work is timed:
   ``torch.cuda.current_device() -> 0``.  Tensor methods (data_ptr, dim, ...) are the
   real C methods of CPU tensors.
 
-These are local fake-launch numbers: the driver call (~8 us per launch on the H200
-host) and CUDA tensor attribute costs are not included; compare before/after only.
+These are local fake-launch numbers: the driver call (several microseconds per launch
+on a GPU host) and CUDA tensor attribute costs are not included; compare before/after only.
 
 python tools/host_overhead_local.py                  # timings of this tree
 python tools/host_overhead_local.py --compare REV    # side by side with git REV (worktree)

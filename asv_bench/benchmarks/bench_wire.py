@@ -1,6 +1,6 @@
 """dyadic.wire: encode + decode of a depth-5, top-32 REPLY for 4 requests.
 
-Target (issue 5): well under 100 us per encode + decode in Python.
+Target: well under 100 us per encode + decode in Python.
 Standalone: ``python -m asv_bench.benchmarks.bench_wire`` prints the times.
 """
 

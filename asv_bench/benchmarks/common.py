@@ -1,6 +1,6 @@
 """Shared inputs, backend checks and device timing for the asv benchmarks.
 
-Inputs follow issue 4: p = softmax(3 z), q = softmax(3 z + 0.5 noise) for
+Inputs: p = softmax(3 z), q = softmax(3 z + 0.5 noise) for
 verification, logits z for proposals (bfloat16 on GPU backends, float32 on
 the CPU), depth k = 5, top-k width 32.
 """

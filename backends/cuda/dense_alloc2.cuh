@@ -1,9 +1,8 @@
 /* ========================================================================
  * da2_*: the four dense launches (state, arithmetic and selection in
  * dense_alloc.cuh: DaRow, da_div, the weight functors, da_pick, da_fallback).
- * A first version of the kernels (da_*, same arithmetic, plainer loops)
- * measured 27.5 / 33.7 / 104.7 us against 26.1 / 32.4 / 91.9 for these at
- * B = 1 / 4 / 64 (H200, 2026-11-29) and was removed.  What these do:
+ * Faster on the H200 than the same arithmetic in plain loops (docs/performance.md).
+ * What these do:
  *  - da2_vec: software-pipelined float4 tile loop: the loads of iteration
  *    k + 1 are issued before the elements of iteration k are processed (a
  *    plain loop waits for every batch: ~4 exposed memory latencies per block
@@ -334,8 +333,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) da2_mark(
     /* q + [d > bin]; the bin's elements appended (warp-aggregated slot).  The common
      * path keeps one bit per element (d == bin) and votes once per group; the append
      * (ballot, slot, r computed again) runs only for the groups where some lane of the
-     * warp has such an element (H200, B = 64: 33.3 -> 31.5 us against a ballot per
-     * element; ptxas still reports 92 bytes of spill stores for this kernel). */
+     * warp has such an element (faster on the H200 at B = 64 than a ballot per element;
+     * ptxas reports spill stores for this kernel). */
     const u32 thr = bin + 1;
     da_kind(logits, R.mk, bias, bdt, boff, T, [&](auto W) {
       da2_tile<2, 2>(x, xdt, xoff, lo, hi, vec, pre, [&](int v0, const float* xs, auto NN, bool ok) {

@@ -921,8 +921,8 @@ extern "C" __global__ void __launch_bounds__(256) dc_v2(
 }
 
 /* ========================================================================
- * Dense allocate / propose, multi-block (default; DYADIC_CUDA_DENSE=old keeps
- * dc_dense, one block per row).  Grid (ntiles, B) per launch, tile `dt`
+ * Dense allocate / propose, multi-block (DYADIC_CUDA_DENSE=mb; default: da2_* of
+ * dense_alloc2.cuh, =old: dc_dense).  Grid (ntiles, B) per launch, tile `dt`
  * elements, 256 threads.  Keys are recomputed from x in each stage (x is read
  * a few times; no key scratch).  Per-row state `st` (DD_RS u64, zeroed by the
  * host with one memset per call) collects, with exact integer atomics:

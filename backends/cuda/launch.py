@@ -216,8 +216,8 @@ def _handle_of(func):
 
     ``RawModule.get_function`` returns a RawKernel (CuPy >= 8); its ``kernel``
     attribute is the loaded ``cupy.cuda.function.Function``, whose ``ptr`` is the
-    handle (measured on the H200 image, CuPy 14.2: the RawKernel itself has no
-    ``ptr``, so every launch fell back to CuPy's path)."""
+    handle (the RawKernel itself has no ``ptr`` in CuPy 14: reading only ``func.ptr``
+    would send every launch down CuPy's path)."""
     for obj in (func, getattr(func, "kernel", None)):
         h = getattr(obj, "ptr", None)
         if isinstance(h, int) and h:

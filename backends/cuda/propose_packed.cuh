@@ -11,8 +11,8 @@
  * whose grid fits one wave of two blocks per SM, else the largest
  * (DYADIC_CUDA_PK4 forces one, 0 turns them off).  What differs from
  * pk_topk3 is the tile phase of a fast row (pk_fast_row: the float order key
- * of x ranks as the exact key).  ncu on the H200 (2026-12-01, B = 64) put
- * half of pk_topk3's warp instructions in two stretches of its tile phase (per
+ * of x ranks as the exact key).  Half of pk_topk3's warp instructions (ncu,
+ * B = 64) are in two stretches of its tile phase (per
  * element: the tile bound test, bf16 -> float bits, the bad-value test, the
  * float order key, the running top two); here they run on two elements per
  * 32-bit word:
@@ -47,11 +47,9 @@
  * the K largest composite keys over the runs: pk2_last's K.  Rows that are not
  * fast (T outside pk_fast_row's range) take pk_topk3's exact radix select
  * (pw_exact_tile) and pk2_last, the same code.
- * H200 (2026-12-01, top-32 bf16, graph replay, device us, B = 1 / 4 / 16 / 32 /
- * 64): 12.0-12.1 / 12.4-12.6 / 14.2 / 15.5 / 19.0-19.1 against 15.1-15.3 / 15.3-15.5 /
- * 17.9 / 19.7-19.8 / 22.8 for the previous version (unranked survivors in the slots,
- * pk2_last's select over all of them) in the same process; pk_topk3 (pk_topk2 at
- * B = 1) 17.3 / 16.6-16.8 / 20.4 / 27.3 / 41.4. */
+ * On the H200 the ranked runs and the merge tree are faster at every batch than
+ * unranked survivors in the slots with pk2_last's select over all of them, and
+ * pk_topk4* is faster than pk_topk3 and, at B = 1, pk_topk2 (docs/performance.md). */
 #ifndef DYADIC_PROPOSE_PACKED_CUH
 #define DYADIC_PROPOSE_PACKED_CUH
 

@@ -26,8 +26,8 @@
  * (key desc, id asc), or all survivors coarse >= t unranked when they fit
  * PK_CAP; the element map only says which register holds which id), and the
  * merge / tail are pk2_last's, so the output equals dc_topk's bit for bit.
- * Measured against wider tiles and a running bound over sub-tiles: see
- * cupy_backend._PK_MODE. */
+ * Wider tiles and a running bound over sub-tiles are slower on the H200 (see
+ * cupy_backend._PK_MODE). */
 #ifndef DYADIC_PROPOSE_WIDE_CUH
 #define DYADIC_PROPOSE_WIDE_CUH
 

@@ -460,14 +460,10 @@ DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const
   VF_CLK_PUT();
 }
 
-/* 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks per SM).
- * A/B on the H200 (dense q, k = 5, B = 1 / 4 / 16 / 64, us, one run, all variants passing
- * the lazy GPU tests): 4 loads in flight 20.6 / 19.3 / 26.8 / 50.8, 2 blocks per SM (118
- * registers) 18.9 / 17.8 / 28.3 / 63.0, both 20.1 / 19.2 / 30.8 / 60.3, against 18.8 / 17.5
- * / 24.1 / 50.4 for this choice.  Session 4 (2026-12-01, one run): 8 lanes per chunk
- * (3 shuffle levels per 8 ids) 18.6 / 17.3 / 23.9 / 50.6 (top-32 q 19.1 / 18.0 / 24.5 /
- * 47.3) against a half warp per chunk (4 levels per 4 ids) 18.6 / 17.0 / 24.1 / 52.4
- * (19.2 / 17.9 / 24.8 / 48.9): kept. */
+/* 2 16-byte loads per thread and row in flight, at most 80 registers (3 blocks per SM),
+ * 8 lanes per chunk (3 shuffle levels per 8 ids): on the H200 faster than 4 loads in
+ * flight, 2 blocks per SM (118 registers) or both, and than a half warp per chunk (4
+ * levels per 4 ids) at B = 64, the same elsewhere (docs/performance.md). */
 DC_FN void vf_kernel(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -517,8 +513,9 @@ DC_FN void vf_kernel(
 }
 
 /* The kernel at most 80 registers (3 blocks per SM) and at most 64 (4 blocks per SM);
- * ptxas (nvcc 13, 2026-12-01): 8 and 16 bytes of spill stores.  The host takes
- * dc_vfused_r64 when the grid has more blocks than 3 per SM (B = 64 at V = 129280: 45.1 against 46.8 us), dc_vfused else. */
+ * ptxas reports a few bytes of spill stores for each.  The host takes dc_vfused_r64
+ * when the grid has more blocks than 3 per SM (B = 64 at V = 129280), dc_vfused else:
+ * the faster of the two on the H200 in each case (docs/performance.md). */
 extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,

@@ -337,9 +337,9 @@ extern "C" __global__ void __launch_bounds__(256) dc_vres2(
  * batches (pre != 0), row 0's first LZ_PRE 16-byte words per thread of the
  * tile loaded before the classification (used when row 0 is a candidate) and
  * an L2 prefetch of the dense q row of the last candidate (stage 2's residual
- * row when the chain ends at that rejection).  (A first version without the
- * early loads, dc_vlazy, measured 21.2 / 30.0 / 72.8 us with dc_v2 against
- * 21.5 / 25.3 / 59.7 for dc_vlazy2 + dc_vres2, B = 1 / 4 / 64; it was removed.) */
+ * row when the chain ends at that rejection).  (With the early loads and dc_vres2's
+ * chunk sums the two launches are faster on the H200 at B = 4 and 64 than the same
+ * work without them, docs/performance.md.) */
 #define LZ_PRE 4
 
 /* Split sums (P >> 32, P & (2^32 - 1)) and the validity of target[lo, hi)

@@ -1,4 +1,4 @@
-"""Inputs shared by every implementation (issue 4): p = softmax(3 z), q = softmax(3 z + 0.5 noise)."""
+"""Inputs shared by every implementation: p = softmax(3 z), q = softmax(3 z + 0.5 noise)."""
 
 import numpy as np
 

@@ -41,8 +41,8 @@ def held_event_times(fn, repeats, hold_us=None):
     """Per-call device seconds of ``fn`` with the launch queue held (CUDA events).
 
     ``cuda_event_times`` records the start event on an idle queue, so its interval also
-    holds the host's time to submit ``fn`` (about 9 us for a one-kernel graph replay on
-    the H200 machine's host: more than some kernels take).  Here a sleep kernel
+    holds the host's time to submit ``fn`` (several microseconds for a one-kernel graph
+    replay: more than some kernels take).  Here a sleep kernel
     (``torch.cuda._sleep``) runs first, longer than the host takes to enqueue the start
     event and ``fn``; the interval then measures the device alone: from the end of the
     sleep to the end of ``fn``'s last kernel, the device-side launch latency of ``fn``
