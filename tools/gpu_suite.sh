@@ -8,8 +8,8 @@
 # benchmark first.
 set -o pipefail
 MODE=${1:-full}
-# STAGES: which stages run, in this order (default below; cudaradix / gbradix: the
-# legacy dc_topk A/B runs, on request)
+# STAGES: which stages run, in this order (default below; cudaradix / gbradix: the parity
+# tests and gpu_bench with dc_topk's radix select, CuPy launches and split verify, on request)
 # lazy2: the lazy verify tests on the two-launch kernels (dc_vlazy2 + dc_vres2, taken for
 # vocabularies above 128 x 32768 ids), forced with DYADIC_CUDA_LAZY=2
 STAGES=${STAGES:-"build cuda lazy2 numba fuzz gb ktimes host bench"}

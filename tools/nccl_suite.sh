@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sharded propose/verify with NCCL on >= 2 GPUs (issue 7), in one command:
+# Sharded propose/verify with NCCL on >= 2 GPUs, in one command:
 # build, the NCCL parity tests (tests/test_distributed.py::test_nccl_parity)
 # and the sharded benchmark against the unsharded single-GPU call.
 #   tools/nccl_suite.sh          logs to $OUT/nccl-log.txt (default OUT=./gpu-out)
