@@ -55,10 +55,9 @@ def device_keys(keys, batch):
     """(pointers, format word) of keys whose four fields are contiguous integer CUDA
     tensors of shape (B,) or (1,), as the backend's _keys makes them; None otherwise.
     One pass that is both dyadic._gpu_arrays._keys's hot-path test and cupy_backend._keys's
-    format word: calling the two costs about 2.5 us more per call (measured locally),
-    a tenth of the fast path; the trace test (tests/test_fast_path.py) holds them equal.
-    The four fields are tested side by side, not in a loop (about 0.9 us less per call
-    on the CI machine)."""
+    format word (calling the two would cost a tenth of the fast path's host time); the
+    trace test (tests/gpu/test_fast_path.py) holds them equal.  The four fields are
+    tested side by side, not in a loop (fewer bytecodes per call)."""
     if type(keys) is not Keys:
         return None
     bits = _KEY_BITS or _key_bits()
