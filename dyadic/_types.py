@@ -294,8 +294,8 @@ class Verdict:
         The accepted drafts, then the correction (on rejection) or bonus (all
         accepted) token, then -1.
     status : int32 [B] or None
-        Per-row status codes (GPU backends with ``check=False``); None when the
-        call validated its inputs (every row is then OK).
+        Per-row status codes with ``check=False`` / ``"lazy"`` (every backend; 0 =
+        OK, ``dyadic._status``); None with ``check=True``, where a bad row raises.
     """
 
     accepted: object

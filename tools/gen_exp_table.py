@@ -3,7 +3,7 @@
 ``TABLE[i][j] = round(2**62 * 2**(-j / 2**(8*(i+1))))`` for i in 0..3, j in 0..255,
 computed with 60 significant decimal digits (ties cannot occur: the values are
 irrational for j > 0).  Writes ``dyadic/_exp_table.py`` and
-``backends/include/dyadic_exp_table.h``; ``tests/test_exp_table.py`` recomputes
+``backends/include/dyadic_exp_table.h``; ``tests/spec/test_spec_constants.py`` recomputes
 both and compares.
 """
 from decimal import Decimal, getcontext, ROUND_HALF_EVEN

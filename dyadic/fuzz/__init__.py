@@ -4,7 +4,7 @@ Random and adversarial cases for every primitive (``generators``), run on
 every chosen backend and ``dyadic.reference`` and compared bit for bit
 (``compare``); a mismatch is shrunk (``shrink``) and written as a
 self-contained ``.npz`` reproducer with its replay command (``reproducer``).
-See docs/benchmarks.md ("Fuzzing") for the options and exit codes.
+See docs/development.md ("Fuzzing") for the options and exit codes.
 """
 
 from .case import PRIMITIVES, Case
