@@ -8,7 +8,7 @@ import shutil
 
 # Decided here, before any test module can import numba: without a GPU the
 # Numba backend runs on the CUDA simulator (CI exercises its kernels' parallel
-# structure on small sizes; tests/test_numba_sim.py).
+# structure on small sizes; tests/gpu/test_numba_sim.py).
 if not (os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi")):
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 

@@ -43,21 +43,21 @@ PY
   if has cuda; then stamp "cuda parity"
   python3 -c "from dyadic.backends.cuda import cupy_backend as c; print('launch mode:', c.launch_mode())" 2>&1 | tail -2
   timeout ${CUDA_T:-480} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/test_gpu_parity.py tests/test_gpu_topk_fast.py tests/test_gpu_topk_packed.py tests/test_gpu_verify_lazy.py tests/test_gpu_verify_one.py \
-      tests/test_gpu_dense_alloc.py tests/test_gpu_streams.py tests/test_gpu_bench_timing.py tests/test_gpu_large_batch.py \
-      tests/test_launch_pack.py tests/test_fast_path.py tests/test_fail_closed_rows.py \
-      tests/test_memory_safety.py tests/test_dyadic_ownership.py tests/test_trusted_results.py \
-      tests/test_import_light.py 2>&1 | tail -${TAIL:-40}
+      tests/gpu/test_gpu_parity.py tests/gpu/test_gpu_topk_small_k.py tests/gpu/test_gpu_topk_16bit_logits.py tests/gpu/test_gpu_verify_lazy.py tests/gpu/test_gpu_verify_one_launch.py \
+      tests/gpu/test_gpu_dense_alloc.py tests/gpu/test_gpu_streams.py tests/gpu/test_gpu_bench_timing.py tests/gpu/test_gpu_large_batch.py \
+      tests/gpu/test_launch_pack.py tests/gpu/test_fast_path.py tests/cpu/test_fail_closed_rows.py \
+      tests/cpu/test_memory_safety.py tests/cpu/test_dyadic_ownership.py tests/cpu/test_trusted_results.py \
+      tests/cpu/test_import_light.py 2>&1 | tail -${TAIL:-40}
   echo "cuda parity exit: $?"
   fi
   if has lazy2; then stamp "lazy verify, two launches (DYADIC_CUDA_LAZY=2)"
   DYADIC_CUDA_LAZY=2 timeout ${LAZY2_T:-120} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
-      -p no:cacheprovider tests/test_gpu_verify_lazy.py 2>&1 | tail -${TAIL:-10}
+      -p no:cacheprovider tests/gpu/test_gpu_verify_lazy.py 2>&1 | tail -${TAIL:-10}
   echo "lazy2 exit: $?"
   fi
   if has cudaradix; then stamp "cuda parity, radix top-k + CuPy launch path (DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split)"
   DYADIC_CUDA_TOPK=radix DYADIC_CUDA_LAUNCH=cupy DYADIC_CUDA_VERIFY=split timeout ${CUDA_T:-170} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
-      -p no:cacheprovider tests/test_gpu_parity.py -k "propose or allocate or half or graph or verify" 2>&1 | tail -${TAIL:-40}
+      -p no:cacheprovider tests/gpu/test_gpu_parity.py -k "propose or allocate or half or graph or verify" 2>&1 | tail -${TAIL:-40}
   echo "cuda radix parity exit: $?"
   fi
   if has ktimes && [ "$MODE" = full ]; then
@@ -72,7 +72,7 @@ PY
   fi
   if has numba; then stamp "numba parity"
   timeout ${NUMBA_T:-90} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/test_gpu_parity_numba.py tests/test_numba_compiled_core.py tests/test_numba_bounds.py 2>&1 | tail -${TAIL:-25}
+      tests/gpu/test_gpu_parity_numba.py tests/gpu/test_numba_compiled_core.py tests/gpu/test_numba_bounds.py 2>&1 | tail -${TAIL:-25}
   echo "numba parity exit: $?"
   fi
   if has fuzz; then stamp "fuzz cpu,cuda,numba"

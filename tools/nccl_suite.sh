@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sharded propose/verify with NCCL on >= 2 GPUs, in one command:
-# build, the NCCL parity tests (tests/test_distributed.py::test_nccl_parity)
+# build, the NCCL parity tests (tests/distributed/test_distributed.py::test_nccl_parity)
 # and the sharded benchmark against the unsharded single-GPU call.
 #   tools/nccl_suite.sh          logs to $OUT/nccl-log.txt (default OUT=./gpu-out)
 # NVLink multicast stays off (it can take the host's shared GPUs down).
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
   python3 -m pip install -q -e . --no-build-isolation --no-deps 2>&1 | tail -3
   echo "== NCCL parity (one process per GPU)"
   timeout ${PARITY_TIMEOUT:-420} python3 -m pytest -q -rs -p no:cacheprovider \
-      "tests/test_distributed.py::test_nccl_parity" 2>&1 | tail -30
+      "tests/distributed/test_distributed.py::test_nccl_parity" 2>&1 | tail -30
   echo "nccl parity exit: $?"
   echo "== sharded benchmark (NCCL) vs unsharded"
   ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")

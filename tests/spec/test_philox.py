@@ -9,7 +9,7 @@ import dyadic
 from dyadic import _spec
 from dyadic.reference import philox
 
-KAT = pathlib.Path(__file__).parent / "data" / "random123_philox4x32_kat.txt"
+KAT = pathlib.Path(__file__).resolve().parents[1] / "data" / "random123_philox4x32_kat.txt"
 
 
 def kat_vectors():

@@ -1,7 +1,7 @@
 """Sharded propose/verify (dyadic.distributed) == unsharded, bit for bit.
 
 One process group per world size (2, 3, 4 gloo ranks on 127.0.0.1); each
-rank runs every case of tests/_distributed_cases.py (random and adversarial:
+rank runs every case of tests/distributed/_distributed_cases.py (random and adversarial:
 uneven and permuted splits, an empty shard, a fully masked shard, ties across
 shard boundaries, both policies, top_k None/1/32, sparse/dense/sharded/None q,
 greedy rows, data errors) and compares with the unsharded call.  Errors that

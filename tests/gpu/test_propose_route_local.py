@@ -2,7 +2,7 @@
 
 Runs in a subprocess under tools/host_overhead_local.py's fakes (a fake CuPy with
 132 SMs and a fake driver that records launches; CPU torch tensors pass as CUDA
-tensors).  The GPU tests (tests/test_gpu_topk_packed.py) check the kernels' results;
+tensors).  The GPU tests (tests/gpu/test_gpu_topk_16bit_logits.py) check the kernels' results;
 this checks the host's choice where CI can run it:
 
 - bfloat16 / float16 logits without bias on 16-byte loads take pk_topk4 / 4w / 4x at
@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytest.importorskip("torch")
 

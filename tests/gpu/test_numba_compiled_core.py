@@ -29,7 +29,7 @@ import pytest
 import dyadic
 from dyadic import _backend
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASE = os.path.join(REPO, "tests", "data", "fuzz-seed7-case22-verify.npz")
 
 try:

@@ -1,7 +1,7 @@
 """Faults in sharded calls (dyadic.distributed) are agreed: every rank raises the same error.
 
 One process group per world size (2 and 3 gloo ranks on 127.0.0.1) runs every
-case of tests/_distributed_faults.py in order: a bad input on one rank (a meta
+case of tests/distributed/_distributed_faults.py in order: a bad input on one rank (a meta
 tensor), an exception of any type on one rank while preparing a call or before
 each data collective of each kind of call (and while building the outputs),
 replicated arguments that differ (check, temperature, top_k, policy, greedy,

@@ -1,4 +1,4 @@
-"""Worker side of tests/test_distributed_faults.py: every fault case in one process group.
+"""Worker side of tests/distributed/test_distributed_faults.py: every fault case in one process group.
 
 Each rank runs the same list of cases in the same order.  A case makes one rank
 (or every rank) fail in a chosen way: a bad input seen by one rank, an

@@ -3,9 +3,9 @@
 On a machine without a GPU tests/conftest.py turns on NUMBA_ENABLE_CUDASIM=1
 before numba is imported, so CI runs the Numba kernels' parallel structure (block
 reductions, radix selection, scans) on small sizes.  Where a GPU is present
-the same bodies run on it (tests/test_gpu_parity_numba.py adds large sizes).
+the same bodies run on it (tests/gpu/test_gpu_parity_numba.py adds large sizes).
 
-The ``check_*`` helpers are shared with tests/test_gpu_parity_numba.py.
+The ``check_*`` helpers are shared with tests/gpu/test_gpu_parity_numba.py.
 """
 
 import os
@@ -22,7 +22,7 @@ import dyadic  # noqa: E402
 from dyadic import _backend, _spec, _status  # noqa: E402
 from dyadic._types import Dyadic  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_numba():

@@ -7,7 +7,7 @@ import re
 
 from dyadic import _exp_table, _spec, _status
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADER = ROOT / "backends" / "include" / "dyadic_core.h"
 TABLE_H = ROOT / "backends" / "include" / "dyadic_exp_table.h"
 

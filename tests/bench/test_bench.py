@@ -9,7 +9,7 @@ import pytest
 
 import dyadic
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_side_by_side_tiny_run(tmp_path, capsys):

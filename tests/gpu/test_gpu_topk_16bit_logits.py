@@ -18,7 +18,7 @@ import pytest
 
 import dyadic
 
-from test_gpu_topk_fast import KINDS, _rows, cuda  # noqa: F401 (cuda: the fixture)
+from test_gpu_topk_small_k import KINDS, _rows, cuda  # noqa: F401 (cuda: the fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def cb(cuda):
-    """cupy_backend, where the cuda and cpu backends load (test_gpu_topk_fast's fixture
+    """cupy_backend, where the cuda and cpu backends load (test_gpu_topk_small_k's fixture
     skips otherwise, with the reason)."""
     from dyadic.backends.cuda import cupy_backend
     return cupy_backend

@@ -1,4 +1,4 @@
-"""Worker side of tests/test_distributed.py: many parity cases in one process group.
+"""Worker side of tests/distributed/test_distributed.py: many parity cases in one process group.
 
 Every rank builds the same full-vocabulary inputs from a seeded generator,
 takes its slice, calls dyadic.distributed and compares with the unsharded

@@ -1,6 +1,6 @@
 """backend="numba" on a real GPU == the CPU backend (or the reference), bit for bit.
 
-The bodies are those of tests/test_numba_sim.py at the issue's sizes
+The bodies are those of tests/gpu/test_numba_sim.py at the issue's sizes
 (V up to 129280, B up to 64).  Skips with the reason where there is no GPU or
 where numba runs the simulator.  The comparison backend is "cpu" where the
 compiled extension loads, else "reference" (then only the sizes the pure-Python
@@ -20,7 +20,7 @@ def _reason():
         return str(WHY)
     from numba import config
     if getattr(config, "ENABLE_CUDASIM", 0):
-        return "numba runs the CUDA simulator here (no GPU): see tests/test_numba_sim.py"
+        return "numba runs the CUDA simulator here (no GPU): see tests/gpu/test_numba_sim.py"
     return None
 
 
