@@ -1,7 +1,7 @@
 """Constants of the dyadic contract (docs/semantics.md is their prose twin).
 
 Every backend reads these values from here (Python) or from
-``backends/include/dyadic_core.h`` (C/CUDA); ``tests/test_spec_constants.py``
+``backends/include/dyadic_core.h`` (C/CUDA); ``tests/spec/test_spec_constants.py``
 checks that the two agree.
 """
 

@@ -348,7 +348,7 @@ class Bound:
     ``s.w[bound.pos[name]] = value`` (unsigned 64-bit: pointers, flags, small
     non-negative integers), then ``bound.launch(s)`` launches on the current stream and
     takes the slots back.  The same words reach the kernel as ``kernel(grid, block,
-    args)`` with the values in place of the Vars (tests/test_launch_pack.py).  Without
+    args)`` with the values in place of the Vars (tests/gpu/test_launch_pack.py).  Without
     the driver (MODE "cupy", no libcuda, no handle) ``launch`` passes exactly those
     arguments to CuPy's launch, each Var's value made by its ``fallback``.  Slots are
     taken from a free list: concurrent calls from several threads get separate slots.

@@ -18,7 +18,7 @@ helper must be called by all threads of the block (uniform control flow).
 Test-only switch: ``DYADIC_NUMBA_CORE_NJIT=1`` (read at import, default off)
 compiles the pure-arithmetic functions (``@device``) with ``numba.njit`` on the
 CPU instead of ``cuda.jit(device=True)``: same numba typing as the GPU, so
-compiled-only rounding shows without a GPU (tests/test_numba_compiled_core.py).
+compiled-only rounding shows without a GPU (tests/gpu/test_numba_compiled_core.py).
 Only the decorator changes; the kernels and block helpers cannot run under it.
 """
 
@@ -69,7 +69,7 @@ MAX_DRAW_INDEX = _spec.MAX_DRAW_INDEX
 #: typing rules (unlike the simulator, which runs them as Python on NumPy
 #: scalars), so a typing hazard that only shows on a GPU (a signed/unsigned mix
 #: promoted to float64, float(float32) typed as float32) shows on the CPU too;
-#: tests/test_numba_compiled_core.py uses it.  The kernels cannot run under it.
+#: tests/gpu/test_numba_compiled_core.py uses it.  The kernels cannot run under it.
 CORE_NJIT = os.environ.get("DYADIC_NUMBA_CORE_NJIT", "") == "1"
 if CORE_NJIT:
     import numba

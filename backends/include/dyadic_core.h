@@ -63,7 +63,7 @@ typedef long long int64_t;
 #include "dyadic_exp_table.h"
 #undef dy_exp2_neg_q62
 
-/* ---- constants: identical to dyadic/_spec.py (tests/test_spec_constants.py) ---- */
+/* ---- constants: identical to dyadic/_spec.py (tests/spec/test_spec_constants.py) ---- */
 #define DY_TOTAL (1u << 24)
 #define DY_TOTAL_BITS 24
 #define DY_WEIGHT_BITS 39
