@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 
-from . import _arrays, _backend, _spec, _status, _validate
+from . import _arrays, _backend, _status, _validate
 from ._types import Dyadic, Keys, Verdict, trusted_dyadic, verify_q
 
 
@@ -68,21 +68,18 @@ def _host_outputs(out, specs, kind):
     return got
 
 
-def _dyadic(counts, ids, batch_shape, v, policy):
+def _dyadic(counts, ids, batch_shape, v, policy, out):
+    """The Dyadic over a host call's counts / ids.  Arrays dyadic allocated are made
+    read-only; the caller's ``out=`` buffers stay writeable (they are shared, to be
+    reused by the next call)."""
     shape = tuple(batch_shape) + (counts.shape[-1],)
     if tuple(counts.shape) != shape:
         counts = counts.reshape(shape)
         ids = None if ids is None else ids.reshape(shape)
-    return trusted_dyadic(counts, ids, v, policy)
-
-
-def _fail_closed(status, *outputs):
-    """Rows whose status is non-zero: every output row to its fail-closed value
-    (tokens / ids -1, counts 0, accepted 0)."""
-    bad = np.flatnonzero(status)
-    for a, value in outputs:
-        if a is not None:
-            a[bad] = value
+    for name, a in (("counts", counts), ("ids", ids)):
+        if isinstance(a, np.ndarray) and (out is None or out.get(name) is None):
+            a.flags.writeable = False
+    return trusted_dyadic(counts, ids, v, policy, readonly=False)
 
 
 def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy="standard",
@@ -170,8 +167,7 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     if status.any():
         if check:
             _status.raise_for_status(status, _status.row_label(batch_shape))
-        _fail_closed(status, (counts, 0), (ids, _spec.PAD_ID))
-    return _dyadic(counts_r, ids_r, batch_shape, v, policy)
+    return _dyadic(counts_r, ids_r, batch_shape, v, policy, out)
 
 
 def _keys_for(keys, batch, extra=0):
@@ -273,8 +269,7 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     if status.any():
         if check:
             _status.raise_for_status(status, lambda r: r)
-        _fail_closed(status, (tokens, -1), (counts, 0), (ids, _spec.PAD_ID))
-    return tokens_r, _dyadic(counts_r, ids_r, batch_shape, v, policy)
+    return tokens_r, _dyadic(counts_r, ids_r, batch_shape, v, policy, out)
 
 
 def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None):
@@ -344,7 +339,6 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     if status.any():
         if check is True:
             _status.raise_for_status(status)
-        _fail_closed(status, (accepted, 0), (tokens, -1))
     return Verdict(accepted_r, tokens_r, None if check is True else status_r)
 
 

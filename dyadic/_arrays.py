@@ -94,8 +94,6 @@ def int_to_numpy(x, name, *, host_copy=False):
     if host_copy and is_gpu_array(x):
         x = to_host(x)
     if is_torch(x):
-        _torch_device_type(x, name)
-    if is_torch(x):
         if _torch_device_type(x, name) != "cpu":
             raise TypeError(f"{name}: a {x.device.type} tensor needs a GPU backend")
         x = x.detach().numpy()
@@ -134,13 +132,7 @@ def owned_copy(x, name):
             return own, own.get()
         host = np.array(to_host(x), copy=True)
         return host, host
-    if isinstance(x, (list, tuple)):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected an integer array, got {type(x).__name__}")
-    if x.dtype.kind not in "iu":
-        raise TypeError(f"{name}: dtype {dtype_name(x)} is not an integer dtype")
-    own = np.array(x, copy=True, order="C")
+    own = np.array(int_to_numpy(x, name), copy=True, order="C")
     return own, own
 
 

@@ -311,10 +311,10 @@ _DY_SET = (Dyadic._counts.__set__, Dyadic._ids.__set__, Dyadic._vocab_size.__set
            Dyadic._policy.__set__)
 
 
-def trusted_dyadic(counts, ids, vocab_size, policy):
+def trusted_dyadic(counts, ids, vocab_size, policy, readonly=True):
     """A Dyadic over arrays dyadic made and validated (``vocab_size`` an int); NumPy
-    arrays are made read-only."""
-    if type(counts) is np.ndarray:
+    arrays are made read-only unless ``readonly`` is False (the caller decides)."""
+    if readonly and type(counts) is np.ndarray:
         counts.flags.writeable = False
         if ids is not None:
             ids.flags.writeable = False

@@ -226,6 +226,19 @@ def test_host_out_is_written_and_returned(backend, rng):
     np.testing.assert_array_equal(dout["tokens"], ref_t)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_host_out_buffers_stay_writeable_and_serve_the_next_call(backend, rng):
+    out = {"counts": np.zeros((B, 8), np.uint32), "ids": np.zeros((B, 8), np.int32),
+           "status": np.zeros(B, np.int32)}
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal((B, V)).astype(np.float32)
+        q = dyadic.allocate(x, logits=True, top_k=8, backend=backend, out=out)
+        assert out["counts"].flags.writeable and out["ids"].flags.writeable
+        want = dyadic.allocate(x, logits=True, top_k=8, backend=backend)
+        np.testing.assert_array_equal(q.counts, want.counts)
+        assert not want.counts.flags.writeable  # dyadic's own arrays are read-only
+
+
 def test_host_out_torch_tensors_are_written():
     torch = pytest.importorskip("torch")
     x = torch.randn(B, V)
