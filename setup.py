@@ -25,10 +25,11 @@ extensions = [
 
 setup(
     packages=find_packages(include=["dyadic", "dyadic.*"])
-    + ["dyadic.backends", "dyadic.backends.cpu", "dyadic.backends.cuda"],
+    + ["dyadic.backends", "dyadic.backends.cpu", "dyadic.backends.cuda",
+       "dyadic.backends.cuda.cupy", "dyadic.backends.cuda.numba"],
     package_dir={"dyadic.backends": "backends"},
     package_data={"dyadic.backends": ["include/*.h"], "dyadic.backends.cpu": ["*.pyx", "*.pxd"],
-                  "dyadic.backends.cuda": ["*.cu", "*.cuh"]},
+                  "dyadic.backends.cuda": ["kernels/*.cu", "kernels/*.cuh"]},
     ext_modules=cythonize(extensions, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False,
                                                "cdivision": True, "initializedcheck": False}),

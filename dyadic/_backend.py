@@ -20,8 +20,7 @@ class Backend:
     Capabilities (class attributes): ``reads_half_precision`` (the GPU path may hand
     float16 / bfloat16 logits as they are instead of widening them to float32),
     ``has_lazy_verify`` (``verify_lazy`` reads only what the decisions need),
-    ``has_launchers`` (the ``*_launcher`` methods give cached launchers for repeat
-    calls with device arrays), ``graph_capturable`` (check=False calls with device
+    ``graph_capturable`` (check=False calls with device
     keys and ``out=`` launch only kernels on the caller's stream: capturable in a
     CUDA graph).  The defaults here are the plain behaviour: a backend
     is a checklist of the kernels below.
@@ -30,7 +29,6 @@ class Backend:
     name = "?"
     reads_half_precision = False
     has_lazy_verify = False
-    has_launchers = False
     graph_capturable = False
 
     def usable(self):
@@ -79,21 +77,43 @@ class Backend:
         ``has_lazy_verify``): reads the target only where the decisions need it."""
         raise NotImplementedError(f"backend {self.name!r} has no lazy verify")
 
-    def propose_launcher(self, batch, v, x_dtype, top_k, policy):
-        """A cached launcher for repeat propose calls, or None (only ``has_launchers``)."""
-        return None
+    # Runners: what dyadic._device's call plans call for device arrays, made once per
+    # call configuration (on the call's device).  The defaults call the kernels above.
+    def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose):
+        """``run(x, bias, temperature, keys, tokens, counts, ids, status)`` for allocate
+        (``propose`` False: keys and tokens None) or propose calls of this shape (x
+        [batch, v] of ``x_dtype``, the torch dtype); ``keys`` the four key arrays."""
+        if propose:
+            def run(x, bias, temp, keys, tokens, counts, ids, status):
+                self.propose(x, bias, temp, policy, top_k, *keys, tokens, counts, ids, status)
+        else:
+            def run(x, bias, temp, keys, tokens, counts, ids, status):
+                self.allocate(x, bias, temp, logits, policy, top_k, counts, ids, status)
+        return run
 
-    def allocate_launcher(self, batch, v, x_dtype, top_k, policy, logits):
-        """A cached launcher for repeat allocate calls, or None."""
-        return None
+    def draw_runner(self, batch, width):
+        """``run(counts, ids, keys, tokens)`` for draw calls of this shape."""
+        def run(counts, ids, keys, tokens):
+            self.draw(counts, ids, *keys, tokens)
+        return run
 
-    def draw_launcher(self, batch, w):
-        """A cached launcher for repeat draw calls, or None."""
-        return None
+    def verify_runner(self, batch, k1, v, width, greedy, lazy):
+        """``run(target, draft, q_counts, q_ids, greedy_flags, keys, accepted, tokens,
+        status)`` for verify calls of this shape: ``greedy`` flags given (``verify``),
+        else ``lazy`` and a lazy kernel (``verify_lazy``), else ``verify_plain`` (the
+        flags all zero)."""
+        if greedy:
+            method = self.verify
+        elif lazy and self.has_lazy_verify:
+            def run(t, d, qc, qi, g, keys, a, tk, st):
+                self.verify_lazy(t, d, qc, qi, *keys, a, tk, st)
+            return run
+        else:
+            method = self.verify_plain
 
-    def verify_launcher(self, batch, k1, v, w, lazy, greedy=False):
-        """A cached launcher for repeat verify calls, or None."""
-        return None
+        def run(t, d, qc, qi, g, keys, a, tk, st):
+            method(t, d, qc, qi, g, *keys, a, tk, st)
+        return run
 
 
 #: Backends that run on a CUDA device (and take dyadic/_device.py for device arrays).
@@ -103,9 +123,9 @@ _REGISTRY = {
     "cpu": ("dyadic.backends.cpu.backend", "CpuBackend",
             "the compiled CPU extension is missing: reinstall dyadic (pip install .)"),
     "reference": ("dyadic.reference.backend", "ReferenceBackend", ""),
-    "cuda": ("dyadic.backends.cuda.cupy_backend", "CupyBackend",
+    "cuda": ("dyadic.backends.cuda.cupy", "CupyBackend",
              "backend 'cuda' needs CuPy and an NVIDIA GPU: pip install cupy-cuda12x (or 13x)"),
-    "numba": ("dyadic.backends.cuda.numba_backend", "NumbaBackend",
+    "numba": ("dyadic.backends.cuda.numba.backend", "NumbaBackend",
               "backend 'numba' needs numba and numba-cuda, and an NVIDIA GPU or "
               "NUMBA_ENABLE_CUDASIM=1: pip install numba numba-cuda"),
 }

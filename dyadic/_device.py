@@ -5,6 +5,14 @@ array, ``__cuda_array_interface__``) and the backend is "cuda" or "numba".
 Outputs are torch tensors (CuPy arrays for CuPy inputs) on the input's
 device, written on the caller's current stream (torch's current stream).
 
+Every call goes through a call plan: the call's configuration (the primitive, the
+backend, the input's shape, dtype and device, the scalar arguments, ``check``) is
+validated once and keyed in ``_CALLS``; the plan holds the output specs, the cached
+temperature tensor and the backend's runner (``Backend.alloc_runner`` and friends:
+for backend "cuda" the kernels' launch plans).  Per call only what the key does not
+fix is checked and converted: contiguity, keys, bias, per-row temperatures, draft, q,
+greedy flags, ``out=``.
+
 Validation modes
 ----------------
 ``check=True`` (default): every rule of the CPU path, the same exception
@@ -50,250 +58,302 @@ from ._types import Dyadic, Verdict, trusted_dyadic, verify_q
 
 GPU_BACKENDS = _backend.GPU_BACKENDS
 
-# Host overhead: the eager hot path (check=False, device keys, out=)
-# does only per-call work: dtype checks against cached dtype objects, no reshape of an
-# already [B, V] contiguous tensor, the raw stream handle from torch (no Stream object),
-# and CuPy's stream context only where CuPy's current stream is not already torch's.
-# A propose / allocate / draw / verify whose configuration already ran here (check=False /
-# "lazy", torch tensors) is served by dyadic/_fast.py: the same launches from a cached
-# launcher.
-_FAST = None  # dyadic._fast, once a check=False call was made
+_CALLS = {}  # call configuration -> call plan
+_MAX_CALLS = 512  # cleared when full (a plan is made again on the next call)
+_ARRAY = object()  # key entry of a temperature given per row (converted per call)
 
 
-def _fast():
-    global _FAST
-    if _FAST is None:
-        from . import _fast as fast
-        _FAST = fast
-    return _FAST
+def _plan(key, make, *args):
+    """The call plan of ``key``, made by ``make(*args)`` (which validates the
+    configuration and raises for it) on first use."""
+    try:
+        plan = _CALLS.get(key)
+    except TypeError:  # an unhashable argument: validated (and refused) by make
+        return make(*args)
+    if plan is None:
+        plan = make(*args)
+        # a plan made during CUDA-graph capture holds tensors filled only at replay
+        if _ga._TORCH.cuda.is_current_stream_capturing():
+            return plan
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        _CALLS[key] = plan
+    return plan
+
+
+def _scalar(temperature):
+    """A Python float / int temperature as it is (a key entry), else _ARRAY."""
+    tt = type(temperature)
+    return temperature if tt is float or tt is int else _ARRAY
+
+
+def _run(plan, *args):
+    """``plan.run(*args)`` on the caller's stream and device (the runner is made there
+    on first use: a backend's launch plans are per device)."""
+    tok = _ga._enter(plan.backend, plan.dev)
+    try:
+        run = plan.run
+        if run is None:
+            run = plan.run = plan.make_run()
+        run(*args)
+    finally:
+        if tok is not None:
+            _ga._leave(tok)
+
+
+class _AllocPlan:
+    """allocate / propose of one configuration: x [..., V] (propose: [B, V]) of one
+    dtype on one device, the scalar arguments, ``check``."""
+
+    __slots__ = ("backend", "be", "dev", "batch_shape", "batch", "v", "code", "width",
+                 "top_k", "policy", "logits", "propose", "temp", "allow_zero", "check",
+                 "specs", "kind", "direct", "run", "has_bias", "x_dtype")
+
+    def __init__(self, xt, logits, temperature, bias, top_k, policy, backend, check, kind,
+                 propose):
+        torch = _ga._TORCH
+        name = "logits" if propose else "x"
+        self.code = _validate.policy(policy)
+        self.be = be = _backend.get(backend)
+        self.backend, self.kind, self.check, self.propose = backend, kind, check, propose
+        self.policy, self.logits, self.has_bias = policy, bool(logits), bias is not None
+        batch_shape, v, self.direct = _ga._x_layout(xt, name, be)
+        self.x_dtype = xt.dtype if be.reads_half_precision else torch.float32
+        if propose and len(batch_shape) != 1:
+            raise ValueError(f"logits: expected shape [B, V], got {batch_shape + (v,)}")
+        if bias is not None:  # validated here for the error order; converted per call
+            _ga._bias(bias, xt, v, be, name)
+        self.batch_shape, self.v = batch_shape, v
+        self.batch = batch = math.prod(batch_shape)
+        self.dev = dev = xt.device
+        self.allow_zero = propose
+        self.temp = None  # the temperature tensor of a scalar temperature
+        if logits:
+            if _scalar(temperature) is not _ARRAY:
+                self.temp = _ga._temperature(temperature, batch, dev, propose, check)
+        else:
+            if bias is not None or not (np.ndim(temperature) == 0 and temperature == 1.0):
+                raise ValueError("temperature/bias: apply only to logits (logits=True); "
+                                 "weights are used as given")
+            self.temp = torch.ones(batch, dtype=torch.float64, device=dev)
+        self.width = width = _validate.top_k(top_k, v)
+        self.top_k = width or 0
+        self.specs = ((("tokens", (batch,), torch.int32),) if propose else ()) + (
+            ("counts", (batch, width or v), torch.uint32),
+            ("ids", (batch, width), torch.int32) if width else None,
+            ("status", (batch,), torch.int32))
+        self.run = None
+
+    def make_run(self):
+        return self.be.alloc_runner(self.batch, self.v, self.x_dtype, self.top_k, self.code,
+                                    self.logits, self.propose)
+
+    def __call__(self, xt, temperature, bias, keys, out):
+        x2 = xt if self.direct and xt.is_contiguous() else _ga._x_flat(xt, self.v, self.be)
+        temp = self.temp
+        if temp is None:
+            temp = _ga._temperature(temperature, self.batch, self.dev, self.allow_zero,
+                                    self.check)
+        b2 = None if bias is None else _ga._bias(bias, xt, self.v, self.be,
+                                                "logits" if self.propose else "x")
+        k = None
+        if self.propose:
+            k = _ga._keys(keys, self.batch, self.dev, self.check)
+            tokens, counts, ids, status = _ga._outputs(out, self.dev, self.specs)
+        else:
+            tokens = None
+            counts, ids, status = _ga._outputs(out, self.dev, self.specs)
+        if self.batch:
+            _run(self, x2, b2, temp, k, tokens, counts, ids, status)
+        if self.check:
+            _ga._finish(status, True, None if self.propose else
+                        _status.row_label(self.batch_shape))
+        kind = self.kind
+        if not self.propose and len(self.batch_shape) != 1:
+            shape = self.batch_shape + (counts.shape[-1],)
+            counts, ids = counts.reshape(shape), None if ids is None else ids.reshape(shape)
+        if kind == "torch":
+            q = trusted_dyadic(counts, ids, self.v, self.policy)
+        else:
+            q = trusted_dyadic(_ga._back(counts, kind),
+                               None if ids is None else _ga._back(ids, kind), self.v,
+                               self.policy)
+        if not self.propose:
+            return q
+        return (tokens if kind == "torch" else _ga._back(tokens, kind)), q
+
+
+def _x_key(x):
+    """The input as a torch tensor and its kind ("torch" / "cupy")."""
+    torch = _ga._TORCH or _ga._torch()
+    if type(x) is torch.Tensor:
+        return x, "torch"
+    return _ga._as_torch(x)
+
 
 def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True, out=None):
-    torch = _ga._TORCH or _ga._torch()
-    fkey = None
-    if not check and bias is None and type(x) is torch.Tensor:  # repeat calls: _fast
-        fkey = (_FAST or _fast()).allocate_key(x, logits, temperature, top_k, policy, backend)
-        if fkey is not None:
-            r = _FAST.allocate(fkey, x, out)
-            if r is not None:
-                return r
-    code = _validate.policy(policy)
-    be = _backend.get(backend)
-    x2, b2, batch_shape, v, kind = _ga._x_bias(x, bias, "x", be)
-    batch = x2.shape[0]
-    dev = x2.device
-    if logits:
-        temp = _ga._temperature(temperature, batch, dev, False, check)
-    else:
-        if bias is not None or not (np.ndim(temperature) == 0 and temperature == 1.0):
-            raise ValueError("temperature/bias: apply only to logits (logits=True); "
-                             "weights are used as given")
-        temp = _ga._ONES_F64.get((dev, batch))  # read only by the backend: cached per (device, B)
-        if temp is None:
-            temp = torch.ones(batch, dtype=torch.float64, device=dev)
-            if not torch.cuda.is_current_stream_capturing():  # filled only at replay there
-                _ga._ONES_F64[(dev, batch)] = temp
-    width = _validate.top_k(top_k, v)
-    specs = (("counts", (batch, width or v), torch.uint32),
-             ("ids", (batch, width), torch.int32) if width else None,
-             ("status", (batch,), torch.int32))
-    counts, ids, status = _ga._outputs(out, dev, specs)
-    if batch:
-        tok = _ga._enter(backend, dev)
-        try:
-            be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
-            if fkey is not None and x2 is x:  # in x's device context
-                _FAST.remember_allocate(fkey, be, backend, batch, v, x.dtype, width or 0,
-                                        policy, code, logits, specs, temp)
-        finally:
-            if tok is not None:
-                _ga._leave(tok)
-    if check:
-        _ga._finish(status, check, _status.row_label(batch_shape))
-    if len(batch_shape) != 1:  # a batch of one dimension: the outputs themselves
-        shape = batch_shape + (counts.shape[-1],)
-        counts, ids = counts.reshape(shape), None if ids is None else ids.reshape(shape)
-    return trusted_dyadic(_ga._back(counts, kind), None if ids is None else _ga._back(ids, kind), v,
-                          policy)
+    xt, kind = _x_key(x)
+    key = ("allocate", backend, xt.shape, xt.dtype, xt.device, bool(logits),
+           _scalar(temperature), bias is None, type(top_k), top_k, policy, check, kind)
+    plan = _plan(key, _AllocPlan, xt, logits, temperature, bias, top_k, policy, backend,
+                 check, kind, False)
+    return plan(xt, temperature, bias, None, out)
 
 
 def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=True, out=None):
-    torch = _ga._TORCH or _ga._torch()
-    fkey = None
-    if not check and bias is None and type(logits) is torch.Tensor:  # repeat calls: _fast
-        fkey = (_FAST or _fast()).propose_key(logits, temperature, top_k, policy, backend)
-        if fkey is not None:
-            r = _FAST.propose(fkey, logits, keys, out)
-            if r is not None:
-                return r
-    code = _validate.policy(policy)
-    be = _backend.get(backend)
-    x2, b2, batch_shape, v, kind = _ga._x_bias(logits, bias, "logits", be)
-    if len(batch_shape) != 1:
-        raise ValueError(f"logits: expected shape [B, V], got {batch_shape + (v,)}")
-    batch = batch_shape[0]
-    dev = x2.device
-    temp = _ga._temperature(temperature, batch, dev, True, check)
-    width = _validate.top_k(top_k, v)
-    k = _ga._keys(keys, batch, dev, check)
-    specs = (("tokens", (batch,), torch.int32), ("counts", (batch, width or v), torch.uint32),
-             ("ids", (batch, width), torch.int32) if width else None,
-             ("status", (batch,), torch.int32))
-    tokens, counts, ids, status = _ga._outputs(out, dev, specs)
-    if batch:
-        tok = _ga._enter(backend, dev)
-        try:
-            be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
-            if fkey is not None and width and x2 is logits:  # in x's device context
-                _FAST.remember_propose(fkey, be, backend, batch, v, logits.dtype, width,
-                                       policy, code, specs, temp)
-        finally:
-            if tok is not None:
-                _ga._leave(tok)
-    if check:
-        _ga._finish(status, check)
-    if kind == "torch":
-        q = trusted_dyadic(counts, ids, v, policy)
-        return tokens, q
-    q = trusted_dyadic(_ga._back(counts, kind), None if ids is None else _ga._back(ids, kind), v,
-                       policy)
-    return _ga._back(tokens, kind), q
+    xt, kind = _x_key(logits)
+    key = ("propose", backend, xt.shape, xt.dtype, xt.device, _scalar(temperature),
+           bias is None, type(top_k), top_k, policy, check, kind)
+    plan = _plan(key, _AllocPlan, xt, True, temperature, bias, top_k, policy, backend,
+                 check, kind, True)
+    return plan(xt, temperature, bias, keys, out)
+
+
+class _DrawPlan:
+    """draw of one configuration: q's counts of one shape, dtype and device, sparse or
+    dense."""
+
+    __slots__ = ("backend", "be", "dev", "batch_shape", "batch", "width", "check", "specs",
+                 "kind", "run", "sparse")
+
+    def __init__(self, counts, sparse, backend, check, kind, batch_shape, width):
+        torch = _ga._TORCH
+        self.be = _backend.get(backend)
+        self.backend, self.check, self.kind, self.sparse = backend, check, kind, sparse
+        self.batch_shape, self.width = batch_shape, width
+        self.batch = batch = math.prod(batch_shape)
+        self.dev = counts.device
+        self.specs = (("tokens", (batch,), torch.int32),)
+        self.run = None
+
+    def make_run(self):
+        return self.be.draw_runner(self.batch, self.width)
+
+    def __call__(self, counts, ids, keys, out):
+        batch, w = self.batch, self.width
+        c2 = counts if counts.is_contiguous() and counts.dim() == 2 else (
+            counts.reshape(batch, w).contiguous())
+        i2 = None
+        if ids is not None:
+            i2 = ids if ids.is_contiguous() and ids.dim() == 2 else (
+                ids.reshape(batch, w).contiguous())
+        k = _ga._keys(keys, batch, self.dev, self.check)
+        (tokens,) = _ga._outputs(out, self.dev, self.specs)
+        if batch:
+            _run(self, c2, i2, k, tokens)
+        # a batch of one dimension returns ``out["tokens"]`` itself (as propose and verify)
+        return _ga._back(tokens if len(self.batch_shape) == 1 else
+                         tokens.reshape(self.batch_shape), self.kind)
 
 
 def draw(q, keys, *, backend, check=True, out=None):
     torch = _ga._TORCH or _ga._torch()
-    fkey = None
-    if not check:  # repeat calls: _fast
-        fkey = (_FAST or _fast()).draw_key(q, backend)
-        if fkey is not None:
-            r = _FAST.draw(fkey, q, keys, out)
-            if r is not None:
-                return r
-    be = _backend.get(backend)
-    counts, _ = _ga._as_torch(q.counts)
-    ids = None if q.ids is None else _ga._as_torch(q.ids)[0]
-    kind = "torch" if isinstance(q.counts, torch.Tensor) else "cupy"
-    batch_shape = q.batch_shape
-    batch = math.prod(batch_shape)
-    c2 = counts.reshape(batch, q.width).contiguous()
-    i2 = None if ids is None else ids.reshape(batch, q.width).contiguous()
-    dev = c2.device
-    k = _ga._keys(keys, batch, dev, check)
-    specs = (("tokens", (batch,), torch.int32),)
-    (tokens,) = _ga._outputs(out, dev, specs)
-    if batch:
-        tok = _ga._enter(backend, dev)
-        try:
-            be.draw(c2, i2, *k, tokens)
-            if (fkey is not None and c2.data_ptr() == counts.data_ptr()
-                    and (ids is None or i2.data_ptr() == ids.data_ptr())):  # same arrays
-                _FAST.remember_draw(fkey, be, backend, tuple(c2.shape), ids is not None, specs)
-        finally:
-            if tok is not None:
-                _ga._leave(tok)
-    # a batch of one dimension returns ``out["tokens"]`` itself (as propose and verify do)
-    return _ga._back(tokens if len(batch_shape) == 1 else tokens.reshape(batch_shape), kind)
+    counts, ids = q._counts, q._ids  # q is a Dyadic (checked by dyadic.draw)
+    kind = "torch"
+    if type(counts) is not torch.Tensor:
+        counts, kind = _ga._as_torch(counts)
+        ids = None if ids is None else _ga._as_torch(ids)[0]
+    elif ids is not None and type(ids) is not torch.Tensor:
+        ids = _ga._as_torch(ids)[0]
+    key = ("draw", backend, counts.shape, counts.dtype, counts.device, ids is None, check, kind)
+    plan = _plan(key, _DrawPlan, counts, ids is not None, backend, check, kind, q.batch_shape,
+                 q.width)
+    return plan(counts, ids, keys, out)
+
+
+class _VerifyPlan:
+    """verify of one configuration: a float32 target [B, k+1, V] on one device, q None
+    or of one width and kind, greedy flags given or not, ``check``."""
+
+    __slots__ = ("backend", "be", "dev", "didx", "b", "k", "v", "w", "check", "lazy",
+                 "greedy", "specs", "kind", "run", "bk", "qshape", "zeros")
+
+    def __init__(self, t, q_width, greedy, backend, check, lazy, kind):
+        torch = _ga._TORCH
+        self.be = be = _backend.get(backend)
+        self.backend, self.check, self.lazy, self.kind = backend, check, lazy, kind
+        if t.dtype != torch.float32:
+            raise TypeError(f"target: dtype {_arrays.dtype_name(t)}; expected float32 "
+                            f"probabilities")
+        if t.dim() != 3:
+            raise ValueError(f"target: expected shape [B, k+1, V], got {tuple(t.shape)}")
+        b, k1, v = t.shape
+        _validate.vocab(v, "target")
+        if k1 < 1:
+            raise ValueError("target: needs k+1 >= 1 rows per request")
+        self.b, self.k, self.v, self.w = b, k1 - 1, v, q_width
+        self.bk, self.qshape = (b, k1 - 1), (b, k1 - 1, q_width)
+        self.greedy = greedy
+        self.dev = dev = t.device
+        self.didx = t.get_device()
+        self.zeros = None
+        if not greedy:  # the flags of no greedy request (read by some routes)
+            self.zeros = torch.zeros(b, dtype=torch.uint8, device=dev)
+        self.specs = (("accepted", (b,), torch.int32), ("tokens", (b, k1), torch.int32),
+                      ("status", (b,), torch.int32))
+        self.run = None
+
+    def make_run(self):
+        return self.be.verify_runner(self.b, self.k + 1, self.v, self.w, self.greedy,
+                                     self.lazy and not self.greedy)
+
+    def __call__(self, t, draft, q, keys, out, greedy):
+        torch = _ga._TORCH
+        if not t.is_contiguous():
+            t = t.contiguous()
+        b, v, didx, check = self.b, self.v, self.didx, self.check
+        if _ga._on(draft, didx, torch) and draft.dtype == torch.int32:
+            d = draft
+            if d.shape != self.bk:  # torch.Size == tuple
+                raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {self.bk} "
+                                 f"to match target")
+            if check and d.numel():
+                _ga._check_draft(d, v)
+        else:
+            d = _ga._draft(draft, self.bk, self.dev, check, v)
+        qc = qi = None
+        if q is not None:
+            # q's fields read directly (the public properties cost a Python call each); a q
+            # that is not a Dyadic raises in verify_q before they are read
+            if type(q) is not Dyadic or q._vocab_size != v or q._counts.shape[:-1] != self.bk:
+                verify_q(q, b, self.k, v)  # raises for the rule q breaks
+            qc = q._counts
+            if not _ga._on(qc, didx, torch):
+                qc = _ga._host_tensor(qc, self.dev).contiguous()
+            qi = q._ids
+            if qi is not None and not _ga._on(qi, didx, torch):
+                qi = _ga._host_tensor(qi, self.dev).contiguous()
+        g = self.zeros if greedy is None else _ga._greedy(greedy, b, self.dev)
+        keys_b = _ga._keys(keys, b, self.dev, check, extra=self.k)
+        accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
+        if b:
+            _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status)
+        if check:
+            _ga._finish(status, check)
+        kind = self.kind
+        if kind == "torch":
+            return Verdict(accepted, tokens, None if check else status)
+        return Verdict(_ga._back(accepted, kind), _ga._back(tokens, kind),
+                       None if check else _ga._back(status, kind))
+
 
 def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
-    torch = _ga._TORCH or _ga._torch()
     lazy = check == "lazy"  # any other string was refused by dyadic.verify
     if lazy:
         check = False
-    fkey = None
-    if (not check and type(target) is torch.Tensor
-            and (greedy is None or type(greedy) is torch.Tensor)):  # repeat calls: _fast
-        fkey = (_FAST or _fast()).verify_key(target, q, backend, lazy, greedy is not None)
-        if fkey is not None:
-            r = _FAST.verify(fkey, target, draft, q, keys, out, greedy)
-            if r is not None:
-                return r
-    be = _backend.get(backend)
-    if type(target) is torch.Tensor:
-        t, kind = target, "torch"
-    else:
-        t, kind = _ga._as_torch(target)
-    if t.dtype != torch.float32:
-        raise TypeError(f"target: dtype {_arrays.dtype_name(t)}; expected float32 probabilities")
-    if t.dim() != 3:
-        raise ValueError(f"target: expected shape [B, k+1, V], got {tuple(t.shape)}")
-    b, k1, v = t.shape
-    _validate.vocab(v, "target")
-    if k1 < 1:
-        raise ValueError("target: needs k+1 >= 1 rows per request")
-    dev = t.device
-    if not t.is_contiguous():
-        t = t.contiguous()
-    didx = t.get_device()
-    if _ga._on(draft, didx, torch) and draft.dtype == torch.int32:
-        d = draft  # d.to(dev), d.to(int32).contiguous() below would return it unchanged
-        if d.shape != (b, k1 - 1):  # torch.Size == tuple: the same test as tuple(d.shape)
-            raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
-                             f"match target")
-        if check and d.numel():
-            _ga._check_draft(d, v)
-    else:
-        d, _ = _ga._as_torch(draft) if not isinstance(draft, np.ndarray) else (_ga._host_tensor(draft), "")
-        d = d.to(dev)
-        if d.is_floating_point():
-            raise TypeError(f"draft: dtype {_arrays.dtype_name(d)} is not an integer dtype")
-        if tuple(d.shape) != (b, k1 - 1):
-            raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {(b, k1 - 1)} to "
-                             f"match target")
-        if check and d.numel():
-            _ga._check_draft(d, v)
-        d = d.to(torch.int32).contiguous()
-    qc = qi = None
-    if q is not None:
-        # q's fields read directly (the public properties cost a Python call each); a q
-        # that is not a Dyadic raises in verify_q before they are read
-        if type(q) is not Dyadic or q._vocab_size != v or q._counts.shape[:-1] != (b, k1 - 1):
-            verify_q(q, b, k1 - 1, v)  # raises for the rule q breaks
-        qc = q._counts
-        if not _ga._on(qc, didx, torch):
-            qc = _ga._host_tensor(qc, dev).contiguous()
-        qi = q._ids
-        if qi is not None and not _ga._on(qi, didx, torch):
-            qi = _ga._host_tensor(qi, dev).contiguous()
-    if greedy is None:  # cached zeros per (device, B): no allocation or memset per call
-        g = _ga._ZEROS_U8.get((dev, b))
-        if g is None:
-            g = torch.zeros(b, dtype=torch.uint8, device=dev)
-            if not torch.cuda.is_current_stream_capturing():  # zeroed only at replay there
-                _ga._ZEROS_U8[(dev, b)] = g
-    else:
-        g = _ga._host_tensor(greedy, dev)
-        if g.dtype != torch.bool:
-            raise TypeError(f"greedy: dtype {_arrays.dtype_name(g)} is not bool")
-        if tuple(g.shape) != (b,):
-            raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
-        # the kernels read one byte per request and test it against 0: a bool tensor's
-        # bytes as they are (no conversion, no launch)
-        g = g.contiguous().view(torch.uint8)
-    keys_b = _ga._keys(keys, b, dev, check, extra=k1 - 1)
-    specs = (("accepted", (b,), torch.int32), ("tokens", (b, k1), torch.int32),
-             ("status", (b,), torch.int32))
-    accepted, tokens, status = _ga._outputs(out, dev, specs)
-    if b:
-        tok = _ga._enter(backend, dev)
-        try:
-            if lazy and greedy is None and be.has_lazy_verify:
-                be.verify_lazy(t, d, qc, qi, *keys_b, accepted, tokens, status)
-            elif greedy is None:  # no greedy request
-                be.verify_plain(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
-            else:
-                be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
-            if fkey is not None and t is target:  # in the target's device context
-                _FAST.remember_verify(fkey, be, backend, b, k1, v, q,
-                                      lazy and be.has_lazy_verify, specs,
-                                      greedy is not None)
-        finally:
-            if tok is not None:
-                _ga._leave(tok)
-    if check:
-        _ga._finish(status, check)
-    if kind == "torch":
-        return Verdict(accepted, tokens, None if check else status)
-    return Verdict(_ga._back(accepted, kind), _ga._back(tokens, kind),
-                   None if check else _ga._back(status, kind))
+    t, kind = _x_key(target)
+    if q is None:
+        qk = qw = None
+    elif type(q) is Dyadic:
+        qw = q._counts.shape[-1]
+        qk = (qw, q._ids is None)
+    else:  # refused by verify_q in the call
+        qk = qw = 0
+    key = ("verify", backend, t.shape, t.dtype, t.device, qk, greedy is None, check, lazy,
+           kind)
+    plan = _plan(key, _VerifyPlan, t, qw or 0, greedy is not None, backend, check, lazy,
+                 kind)
+    return plan(t, draft, q, keys, out, greedy)
 
 
 __all__ = ["allocate", "draw", "propose", "verify", "GPU_BACKENDS"]

@@ -2,8 +2,9 @@
 views, the caller's stream and device context, device key fields, temperatures and
 preallocated outputs.
 
-Shared by ``dyadic._device`` (every GPU call) and ``dyadic._fast`` (repeat calls);
-it imports neither, nor any backend's private names.  torch is imported on first
+Used by ``dyadic._device`` (every GPU call); it imports no backend's private names
+(the cuda backend's device and stream queries are ``backends/cuda/cupy/runtime.py``'s
+public functions).  torch is imported on first
 use only.
 """
 
@@ -16,7 +17,7 @@ from ._types import Keys
 _TORCH = None
 _FLOATS = ()  # torch.float32 / float16 / bfloat16, once torch is imported
 _RAW_STREAM = None  # torch._C._cuda_getCurrentRawStream (or None: current_stream())
-_CB = None  # dyadic.backends.cuda.cupy_backend, once used
+_CB = None  # dyadic.backends.cuda.cupy.runtime, once used
 
 
 def _torch():
@@ -59,8 +60,8 @@ def _back(t, kind):
 def _cupy_backend():
     global _CB
     if _CB is None:
-        from .backends.cuda import cupy_backend
-        _CB = cupy_backend
+        from .backends.cuda.cupy import runtime
+        _CB = runtime
     return _CB
 
 
@@ -75,7 +76,7 @@ def _enter(backend, device):
     """Run the backend on torch's current stream of ``device``: for the cuda backend,
     CuPy's device and current stream are made torch's.  The CuPy device context is
     entered only when the tensor's device is not the current one, and the (cached)
-    CuPy stream object (cupy_backend.external_stream) only when CuPy's current stream
+    CuPy stream object (runtime.external_stream) only when CuPy's current stream
     is not already that stream (the default stream of both, in plain eager use).
     Returns what ``_leave`` undoes."""
     if backend != "cuda":
@@ -148,8 +149,6 @@ def _temperature(temperature, batch, device, allow_zero, check):
 
 
 _TEMP_CACHE = {}
-_ZEROS_U8 = {}
-_ONES_F64 = {}
 
 
 def _keys(keys, batch, device, check, extra=0):
@@ -233,45 +232,79 @@ def _outputs(out, device, specs):
     return got
 
 
-def _x_bias(x, bias, name, be):
-    """x as a [B, V] torch view and bias as [1 or B, V]; float16/bfloat16 are
-    widened to float32 (exact) for backends that read float32 only (numba)."""
+def _x_layout(x, name, be):
+    """(batch shape, V, direct) of a torch input x [..., V]: its dtype is a supported
+    float dtype, V a valid vocabulary; ``direct``: a contiguous x is its own [B, V]
+    view for backend ``be`` (two dimensions, and a dtype the backend reads)."""
     torch = _TORCH or _torch()
-    if type(x) is not torch.Tensor:
-        x, kind = _as_torch(x)
-    else:
-        kind = "torch"
-    if x.dtype not in _FLOATS:  # _float_dtype(x, name) inline (the hot path)
+    if x.dtype not in _FLOATS:
         raise _arrays.unsupported_float(name, x)
-    if x.dtype != torch.float32 and not be.reads_half_precision:
-        x = x.float()
     nd = x.dim()
     if nd < 1:
         raise ValueError(f"{name}: expected shape [..., V], got a scalar")
     shape = x.shape
     batch_shape, v = tuple(shape[:-1]), int(shape[-1])
     _validate.vocab(v, name)
-    # a contiguous [B, V] tensor is its own reshape(-1, V).contiguous() (same data, shape)
-    x2 = x if nd == 2 and x.is_contiguous() else x.reshape(-1, v).contiguous()
-    b2 = None
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            bias = _host_tensor(np.asarray(bias))
-        bias = bias.to(x.device)
-        _float_dtype(bias, "bias")
-        if bias.dtype != torch.float32 and not be.reads_half_precision:
-            bias = bias.float()
-        if tuple(bias.shape[-1:]) != (v,):
-            raise ValueError(f"bias: last dimension {tuple(bias.shape[-1:])} does not match "
-                             f"the vocabulary {v}")
-        if bias.dim() == 1:
-            b2 = bias.reshape(1, v).contiguous()
-        elif tuple(bias.shape) == tuple(x.shape):
-            b2 = bias.reshape(-1, v).contiguous()
-        else:
-            raise ValueError(f"bias: shape {tuple(bias.shape)} must be ({v},) or equal to "
-                             f"{name}'s {tuple(x.shape)}")
-    return x2, b2, batch_shape, v, kind
+    return batch_shape, v, nd == 2 and (x.dtype == torch.float32 or be.reads_half_precision)
+
+
+def _x_flat(x, v, be):
+    """x as a contiguous [B, V] tensor; float16 / bfloat16 widened to float32 (exact) for
+    backends that read float32 only (numba)."""
+    if x.dtype != _TORCH.float32 and not be.reads_half_precision:
+        x = x.float()
+    return x.reshape(-1, v).contiguous()
+
+
+def _bias(bias, x, v, be, name):
+    """bias as a contiguous [1 or B, V] tensor on x's device: shape (V,) or x's shape."""
+    torch = _TORCH or _torch()
+    if not isinstance(bias, torch.Tensor):
+        bias = _host_tensor(np.asarray(bias))
+    bias = bias.to(x.device)
+    _float_dtype(bias, "bias")
+    if bias.dtype != torch.float32 and not be.reads_half_precision:
+        bias = bias.float()
+    if tuple(bias.shape[-1:]) != (v,):
+        raise ValueError(f"bias: last dimension {tuple(bias.shape[-1:])} does not match "
+                         f"the vocabulary {v}")
+    if bias.dim() == 1:
+        return bias.reshape(1, v).contiguous()
+    if tuple(bias.shape) == tuple(x.shape):
+        return bias.reshape(-1, v).contiguous()
+    raise ValueError(f"bias: shape {tuple(bias.shape)} must be ({v},) or equal to "
+                     f"{name}'s {tuple(x.shape)}")
+
+
+def _draft(draft, bk, device, check, v):
+    """draft as a contiguous int32 [B, k] tensor on ``device`` (checked against [0, V)
+    before the conversion where ``check``)."""
+    torch = _TORCH or _torch()
+    if isinstance(draft, np.ndarray):
+        d = _host_tensor(draft)
+    else:
+        d, _ = _as_torch(draft)
+    d = d.to(device)
+    if d.is_floating_point():
+        raise TypeError(f"draft: dtype {_arrays.dtype_name(d)} is not an integer dtype")
+    if tuple(d.shape) != bk:
+        raise ValueError(f"draft: shape {tuple(d.shape)} must be (B, k) = {bk} to match "
+                         f"target")
+    if check and d.numel():
+        _check_draft(d, v)
+    return d.to(torch.int32).contiguous()
+
+
+def _greedy(greedy, b, device):
+    """Greedy flags: a bool [B] array as the uint8 bytes the kernels read (one byte per
+    request, tested against 0; no conversion, no launch)."""
+    torch = _TORCH or _torch()
+    g = _host_tensor(greedy, device)
+    if g.dtype != torch.bool:
+        raise TypeError(f"greedy: dtype {_arrays.dtype_name(g)} is not bool")
+    if tuple(g.shape) != (b,):
+        raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
+    return g.contiguous().view(torch.uint8)
 
 
 def _finish(status, check, label=None):

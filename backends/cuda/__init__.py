@@ -1,1 +1,2 @@
-"""GPU backends: ``cupy_backend`` (NVRTC raw kernels) and ``numba_backend``."""
+"""GPU backends: ``cupy`` (CUDA C kernels of ``kernels/``, NVRTC) and ``numba``
+(Numba-CUDA kernels)."""

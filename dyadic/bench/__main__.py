@@ -1,4 +1,25 @@
-"""python -m dyadic.bench [--primitives propose,verify] [--vocab 32000,129280] [--batch 1,4,64]"""
+"""Side-by-side benchmark: ``python -m dyadic.bench``.
+
+Runs dyadic's backends and the pipelines users would write instead (plain
+NumPy, plain PyTorch on the CPU; plain PyTorch eager and CUDA-graph replayed
+on the GPU) on the same inputs in one process, and prints one table: median
+time, min-max spread, the ratio to the plain-PyTorch pipeline and, on the
+GPU, the ratio to the memory floor (bytes read once / copy bandwidth measured
+in the same run).  Writes JSON, a Markdown table and a PNG plot.
+
+    python -m dyadic.bench [--primitives propose,verify] [--vocab 32000,129280] [--batch 1,4,64]
+
+Subcommands (each has its own --help):
+
+    python -m dyadic.bench gpu [--batch 1,4,16,64] [--vocab 129280] [--k 5] [--reps N]
+                               [--out DIR] [--label NAME]
+        backend="cuda" calls and plain-PyTorch pipelines on the GPU: CUDA-graph replay
+        device time and eager host time per call (dyadic/bench/gpu.py); writes
+        DIR/gpu-NAME.json.
+    python -m dyadic.bench compare OLD.json NEW.json [OLD2.json NEW2.json ...] [--tolerance 0.05]
+        A/B of gpu result files: per-cell medians over runs, new/old ratios, cells slower
+        than the tolerance marked (dyadic/bench/compare.py).
+"""
 
 import argparse
 import sys
@@ -15,7 +36,8 @@ def _names(s):
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dyadic.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m dyadic.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--primitives", type=_names, default=list(PRIMITIVES),
                    help=f"comma-separated subset of {','.join(PRIMITIVES)},philox")
     p.add_argument("--vocab", type=_ints, default=[32000, 129280])
@@ -36,5 +58,17 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def main(argv=None):
+    """The side-by-side run, or the subcommand named by the first argument."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gpu"]:
+        from . import gpu  # imports torch
+        return gpu.main(argv[1:])
+    if argv[:1] == ["compare"]:
+        from . import compare
+        return compare.main(argv[1:])
+    return main_run(parse(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main_run(parse()))
+    sys.exit(main())

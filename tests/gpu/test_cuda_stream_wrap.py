@@ -1,4 +1,4 @@
-"""backends/cuda/cupy_backend._wrap_stream without a GPU (fake CuPy modules): which CuPy
+"""backends/cuda/cupy/runtime._wrap_stream without a GPU (fake CuPy modules): which CuPy
 stream object wraps torch's raw stream handle.
 
 CuPy >= 14: ``Stream.from_external`` with an object under the CUDA stream protocol
@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from dyadic.backends.cuda import cupy_backend
+from dyadic.backends.cuda.cupy import runtime
 
 H = 0x5A5A00
 
@@ -52,7 +52,7 @@ def test_from_external_gets_the_protocol_object():
     cp, made = _fake_cupy(fe)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        st = cupy_backend._wrap_stream(cp, H)
+        st = runtime._wrap_stream(cp, H)
     assert st.ptr == H and seen == [(0, H)] and made == []
 
 
@@ -65,7 +65,7 @@ def test_external_stream_when_from_external_does_not_fit(failure):
     cp, made = _fake_cupy(fe)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        st = cupy_backend._wrap_stream(cp, H)
+        st = runtime._wrap_stream(cp, H)
     assert st == ("external", H) and made == [H]
 
 
@@ -73,6 +73,6 @@ def test_older_cupy_external_stream_without_its_warning_only():
     cp, made = _fake_cupy(None, extra_warning="something else")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        st = cupy_backend._wrap_stream(cp, H)
+        st = runtime._wrap_stream(cp, H)
     assert st == ("external", H) and made == [H]
     assert [str(x.message) for x in w] == ["something else"]

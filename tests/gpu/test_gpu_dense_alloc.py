@@ -1,4 +1,4 @@
-"""Dense allocate / propose on backend="cuda" (da_* kernels, dense_alloc.cuh) == "cpu".
+"""Dense allocate / propose on backend="cuda" (dense_* kernels, kernels/dense.cuh) == "cpu".
 
 Adversarial rows for the boundary-bin selection: equal weights (every
 remainder equal: the one-block fallback, or the shared-memory two-step select
@@ -6,8 +6,6 @@ when the bin holds 257..2048 elements), two-valued weights, one huge weight
 and many tiny ones, zeros, -inf logits.  Counts must equal the CPU backend bit
 for bit (ties to the lowest id).  Skips without CuPy and a GPU.
 """
-
-import sys
 
 import numpy as np
 import pytest
@@ -22,11 +20,10 @@ pytestmark = pytest.mark.gpu
 VS = [1, 2, 111, 4097, 32000, 129280]
 BS = [1, 3, 64]
 KINDS = ["equal", "two", "huge_tiny", "zeros", "random", "equal_zeros", "near"]
-DENSE_MODES = ["da2"]  # da2_* (dense_alloc2.cuh); the A/B paths are checked in test_dense_modes_agree
 
 
 @pytest.fixture(scope="module")
-def _cuda_loaded():
+def cuda():
     be, why = _load("cuda")
     if be is None:
         pytest.skip(why)
@@ -34,20 +31,6 @@ def _cuda_loaded():
     if cpu is None:
         pytest.skip(why)
     return "cuda"
-
-
-@pytest.fixture(params=DENSE_MODES)
-def cuda(request, _cuda_loaded):
-    """backend "cuda" with cupy_backend._DENSE_MODE set to each of DENSE_MODES in turn."""
-    mod = sys.modules["dyadic.backends.cuda.cupy_backend"]
-    prev = mod._DENSE_MODE
-    mod._DENSE_MODE = request.param
-    mod._PLANS.clear()
-    try:
-        yield _cuda_loaded
-    finally:
-        mod._DENSE_MODE = prev
-        mod._PLANS.clear()
 
 
 def _torch_cuda():
@@ -150,18 +133,6 @@ def test_dense_propose_adversarial(cuda, v):
         t2, q2 = dyadic.propose(x, keys, temperature=temp, backend="cpu")
         _eq(t1, t2)
         _eq(q1.counts, q2.counts)
-
-
-def test_dense_modes_agree(cuda, monkeypatch):
-    """DYADIC_CUDA_DENSE: the default (da2), mb and old paths give the same counts."""
-    mod = sys.modules["dyadic.backends.cuda.cupy_backend"]
-    rng = np.random.default_rng(3)
-    for kind in ("equal", "two", "random"):
-        x = _probs(rng, 4, 4097, kind)
-        ref = dyadic.allocate(x, backend="cpu").counts
-        for mode in ("da2", "mb", "old"):
-            monkeypatch.setattr(mod, "_DENSE_MODE", mode)
-            _eq(dyadic.allocate(x, backend=cuda).counts, ref)
 
 
 def test_dense_device_graph_replay(cuda):

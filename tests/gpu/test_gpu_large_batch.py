@@ -3,11 +3,11 @@ kernels' own checks of hostile ids.
 
 GPU tests (skip without CuPy + torch CUDA):
 
-- every primitive at B = 100001 rows (verify: B = 100001 with k = 1, and B = 20001 with
-  k = 5, B x (k + 1) = 120006 rows) on every launch route (the default choices and the
-  DYADIC_CUDA_* switches, set as the module attributes they are read into) equals the
-  CPU backend bit for bit at small vocabularies; one row past 65535 breaks a rule and
-  gets its status there, the other rows are unchanged;
+- every primitive at B = 100001 rows (verify: B = 100001 with k = 1, B = 20001 with
+  k = 5 and k = 8, up to B x (k + 1) = 180009 rows) on every launch route these shapes
+  take (backends/cuda/cupy/routes.py; tests/gpu/test_cuda_routes.py holds the table)
+  equals the CPU backend bit for bit at small vocabularies; one row past 65535 breaks a
+  rule and gets its status there, the other rows are unchanged;
 - hostile draft ids and sparse q rows, given to the backend object directly (the public
   constructors refuse them): the documented statuses (DRAFT_OUT_OF_RANGE, then
   Q_INVALID, then Q_ZERO_AT_DRAFT, after the target rows; greedy requests do not
@@ -32,18 +32,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def cb(monkeypatch):
+def cb():
     cuda_torch()
-    from dyadic.backends.cuda import cupy_backend
-    monkeypatch.setattr(cupy_backend, "_PLANS", {})  # no plan (or fast-path entry) reused
-    return cupy_backend
-
-
-def _route(cb, monkeypatch, attrs):
-    """The launch route of the module attributes ``attrs`` (DYADIC_CUDA_* switches)."""
-    for name, value in attrs.items():
-        monkeypatch.setattr(cb, name, value)
-    monkeypatch.setattr(cb, "_PLANS", {})
 
 
 def _np(t):
@@ -66,15 +56,10 @@ def _once(key, make):
 
 
 # ------------------------------------------------------------ allocate / propose
-ALLOC_ROUTES = {
-    "dense": (None, {}),                                     # da2_*
-    "dense-mb": (None, {"_DENSE_MODE": "mb"}),               # dd_*
-    "dense-old": (None, {"_DENSE_MODE": "old"}),             # dc_dense
-    "top32": (32, {}),                                       # pk_topk3 at this batch
-    "top32-pk2": (32, {"_PK_MODE": "2"}),                    # pk_topk2
-    "top32-radix": (32, {"_PK_MODE": "0", "_TOPK_MODE": "radix"}),  # dc_topk
-    "top32-rank": (32, {"_PK_MODE": "0", "_TOPK_MODE": "rank"}),    # dc_topk, rank counting
-    "top64": (64, {}),                                       # dc_topk (top_k > 32)
+ALLOC_ROUTES = {  # name: top_k (the kernels at this batch)
+    "dense": None,                                           # dense_*
+    "top32": 32,                                             # topk_onepass_wide
+    "top64": 64,                                             # topk_select (radix select)
 }
 
 
@@ -90,10 +75,9 @@ def _alloc_inputs(v):
 
 @pytest.mark.parametrize("route", list(ALLOC_ROUTES))
 @pytest.mark.parametrize("v", [100, 97])
-def test_allocate_large_batch(cb, monkeypatch, route, v):
+def test_allocate_large_batch(cb, route, v):
     import torch
-    top_k, attrs = ALLOC_ROUTES[route]
-    _route(cb, monkeypatch, attrs)
+    top_k = ALLOC_ROUTES[route]
     w = _alloc_inputs(v)
     want = _once(("alloc_cpu", v, top_k), lambda: dyadic.allocate(w, top_k=top_k,
                                                                    backend="cpu"))
@@ -115,19 +99,14 @@ def test_allocate_large_batch(cb, monkeypatch, route, v):
         np.testing.assert_array_equal(ids[keep], np.asarray(want.ids)[keep])
 
 
-PROPOSE_ROUTES = {  # name: (top_k, logits dtype, with bias, module attributes)
-    "top32-bf16": (32, "bfloat16", False, {}),               # pk_topk4* (the auto choice)
-    "top32-bf16-pk4": (32, "bfloat16", False, {"_PK4": 1}),
-    "top32-bf16-pk4w": (32, "bfloat16", False, {"_PK4": 2}),
-    "top32-bf16-pk4x": (32, "bfloat16", False, {"_PK4": 3}),
-    "top32-bf16-pk3": (32, "bfloat16", False, {"_PK4": 0}),  # pk_topk3
-    "top32-f32": (32, "float32", False, {}),                 # pk_topk3
-    "top32-f32-bias": (32, "float32", True, {}),             # pk_topk2 (bias)
-    "top32-pk2": (32, "float16", False, {"_PK_MODE": "2"}),
-    "top32-dc": (32, "float32", False, {"_PK_MODE": "0"}),   # dc_topk
-    "dense": (None, "float32", False, {}),                   # da2_* + dc_draw
-    "dense-mb": (None, "float32", False, {"_DENSE_MODE": "mb"}),
-    "dense-old": (None, "bfloat16", False, {"_DENSE_MODE": "old"}),
+PROPOSE_ROUTES = {  # name: (top_k, logits dtype, with bias, V) (the kernels at this batch)
+    "top32-bf16": (32, "bfloat16", False, 128),   # topk_onepass_packed32k
+    "top32-bf16-v100": (32, "bfloat16", False, 100),  # topk_onepass_wide (V % 8 != 0)
+    "top32-f32": (32, "float32", False, 128),     # topk_onepass_wide, 16-byte loads
+    "top32-f32-bias": (32, "float32", True, 128),  # topk_onepass (a bias on logits)
+    "top64": (64, "float32", False, 128),         # topk_select
+    "dense": (None, "float32", False, 128),       # dense_* + draw_rows
+    "dense-bf16": (None, "bfloat16", False, 128),
 }
 
 
@@ -143,11 +122,9 @@ def _propose_inputs(v):
 
 
 @pytest.mark.parametrize("route", list(PROPOSE_ROUTES))
-def test_propose_large_batch(cb, monkeypatch, route):
+def test_propose_large_batch(cb, route):
     import torch
-    top_k, dtype, with_bias, attrs = PROPOSE_ROUTES[route]
-    _route(cb, monkeypatch, attrs)
-    v = 128
+    top_k, dtype, with_bias, v = PROPOSE_ROUTES[route]
     x, temp, bias, keys = _propose_inputs(v)
     xt = torch.from_numpy(x).to(getattr(torch, dtype))
     xc = xt.float().numpy()  # the values the GPU reads (16-bit logits widen exactly)
@@ -186,16 +163,11 @@ def test_draw_large_batch(cb, top_k):
 
 
 # ------------------------------------------------------------------------- verify
-VERIFY_ROUTES = {  # name: (check, greedy flags, module attributes)
-    "auto": (False, False, {}),                              # dc_vone at these sizes
-    "checked": (True, False, {}),
-    "two": (False, False, {"_VONE_MODE": "0"}),              # dc_v1 + dc_v2
-    "greedy": (False, True, {}),                             # dc_v1 + dc_v2
-    "lazy": ("lazy", False, {}),                             # dc_vfused_r64 by its grid
-    "lazy-vf": ("lazy", False, {"_VF_KERNEL": "dc_vfused"}),
-    "lazy2": ("lazy", False, {"_LAZY_MODE": "2"}),           # dc_vlazy2 + dc_vres2
-    "old": (False, True, {"_VERIFY_MODE": "old"}),           # dc_vpart_chain + dc_vresid_fused
-    "split": (False, True, {"_VERIFY_MODE": "split"}),       # dc_vpart, dc_vchain, ...
+VERIFY_ROUTES = {  # name: (check, greedy flags)
+    "false": (False, False),     # verify_one_launch (k + 1 <= 8), else the two launches
+    "checked": (True, False),
+    "greedy": (False, True),     # verify_chain + verify_residual
+    "lazy": ("lazy", False),     # verify_lazy_r64 (its grid exceeds one wave)
 }
 
 
@@ -240,11 +212,10 @@ def _device_q(q):
 
 @pytest.mark.parametrize("route", list(VERIFY_ROUTES))
 @pytest.mark.parametrize("qkind", ["dense", "sparse", "point"])
-@pytest.mark.parametrize("b, k", [(BIG, 1), (20001, 5)])
-def test_verify_large_batch(cb, monkeypatch, route, qkind, b, k):
+@pytest.mark.parametrize("b, k", [(BIG, 1), (20001, 5), (20001, 8)])
+def test_verify_large_batch(cb, route, qkind, b, k):
     import torch
-    check, greedy, attrs = VERIFY_ROUTES[route]
-    _route(cb, monkeypatch, attrs)
+    check, greedy = VERIFY_ROUTES[route]
     p, draft, q, g, keys = _verify_inputs(b, k, qkind)
     acc_c, tok_c = _verify_cpu(b, k, qkind, greedy)
     pt, qd = torch.from_numpy(p).cuda(), _device_q(q)
@@ -271,26 +242,26 @@ def test_verify_large_batch(cb, monkeypatch, route, qkind, b, k):
 V, K, W = 64, 3, 8
 
 
-def _hostile_base(b=24, seed=3):
-    """b valid requests: target [b, K+1, V], drafts, a sparse q of width W (ids, counts)."""
+def _hostile_base(b=24, seed=3, k=K):
+    """b valid requests: target [b, k+1, V], drafts, a sparse q of width W (ids, counts)."""
     rng = np.random.default_rng(seed)
-    p = softmax_rows(rng.standard_normal((b, K + 1, V)) * 2)
-    noisy = np.maximum(p[:, :K].reshape(b * K, V), 1e-30) * np.exp(
-        rng.standard_normal((b * K, V)) * 0.5)
+    p = softmax_rows(rng.standard_normal((b, k + 1, V)) * 2)
+    noisy = np.maximum(p[:, :k].reshape(b * k, V), 1e-30) * np.exp(
+        rng.standard_normal((b * k, V)) * 0.5)
     qa = dyadic.allocate(noisy.astype(np.float32), top_k=W, backend="cpu")
-    draft = np.asarray(dyadic.draw(qa, dyadic.Keys(seed=7, position=np.arange(b * K)),
-                                   backend="cpu")).reshape(b, K).astype(np.int32)
-    counts = np.asarray(qa.counts).reshape(b, K, W).copy()
-    ids = np.asarray(qa.ids).reshape(b, K, W).copy()
+    draft = np.asarray(dyadic.draw(qa, dyadic.Keys(seed=7, position=np.arange(b * k)),
+                                   backend="cpu")).reshape(b, k).astype(np.int32)
+    counts = np.asarray(qa.counts).reshape(b, k, W).copy()
+    ids = np.asarray(qa.ids).reshape(b, k, W).copy()
     seed_ = rng.integers(0, 2**63, size=b, dtype=np.uint64)
     pos = rng.integers(0, 2**30, size=b).astype(np.int32)
     return p, draft, counts, ids, seed_, pos
 
 
-def _hostile_sparse(greedy_rows):
+def _hostile_sparse(greedy_rows, b=24, k=K):
     """Requests with hostile drafts / sparse q rows and the status each must get.  With
     ``greedy_rows``, requests 20-21 are greedy (q not consulted)."""
-    p, draft, counts, ids, seed, pos = _hostile_base()
+    p, draft, counts, ids, seed, pos = _hostile_base(b, k=k)
     b = p.shape[0]
     want = [_status.OK] * b
     greedy = np.zeros(b, bool)
@@ -365,15 +336,12 @@ def _outs(torch, b, k):
             torch.full((b,), 7, dtype=torch.int32, device="cuda"))
 
 
-HOSTILE_ROUTES = {  # name: (backend method, module attributes)
-    "plain": ("verify_plain", {}),                       # dc_vone
-    "plain-two": ("verify_plain", {"_VONE_MODE": "0"}),  # dc_v1 + dc_v2
-    "full": ("verify", {}),                              # dc_v1 + dc_v2 (greedy flags)
-    "old": ("verify", {"_VERIFY_MODE": "old"}),
-    "split": ("verify", {"_VERIFY_MODE": "split"}),
-    "lazy": ("verify_lazy", {}),                         # dc_vfused
-    "lazy-r64": ("verify_lazy", {"_VF_KERNEL": "dc_vfused_r64"}),
-    "lazy2": ("verify_lazy", {"_LAZY_MODE": "2"}),       # dc_vlazy2 + dc_vres2
+HOSTILE_ROUTES = {  # name: (backend method, draft depth k, batch)
+    "plain": ("verify_plain", K, 24),        # verify_one_launch
+    "plain-two": ("verify_plain", 8, 24),    # verify_chain + verify_residual (k + 1 > 8)
+    "full": ("verify", K, 24),               # verify_chain + verify_residual (greedy flags)
+    "lazy": ("verify_lazy", K, 24),          # verify_lazy
+    "lazy-r64": ("verify_lazy", K, 400),     # verify_lazy_r64 (400 blocks > 3 per SM)
 }
 
 
@@ -394,12 +362,11 @@ def _run_backend(cb, method, p, draft, qc, qi, greedy, seed, pos):
 
 
 @pytest.mark.parametrize("route", list(HOSTILE_ROUTES))
-def test_hostile_sparse_q_and_drafts(cb, monkeypatch, route):
-    method, attrs = HOSTILE_ROUTES[route]
-    _route(cb, monkeypatch, attrs)
+def test_hostile_sparse_q_and_drafts(cb, route):
+    method, k, b = HOSTILE_ROUTES[route]
     greedy_rows = method == "verify"
-    _, _, clean_counts, clean_ids, _, _ = _hostile_base()
-    p, draft, counts, ids, seed, pos, greedy, want = _hostile_sparse(greedy_rows)
+    _, _, clean_counts, clean_ids, _, _ = _hostile_base(b, k=k)
+    p, draft, counts, ids, seed, pos, greedy, want = _hostile_sparse(greedy_rows, b, k)
     acc, tok, st = _run_backend(cb, method, p, draft, counts, ids, greedy, seed, pos)
     assert st.tolist() == want
     bad = np.array(want) != 0
@@ -414,16 +381,15 @@ def test_hostile_sparse_q_and_drafts(cb, monkeypatch, route):
 
 @pytest.mark.parametrize("route", list(HOSTILE_ROUTES))
 @pytest.mark.parametrize("qkind", ["dense", "point"])
-def test_hostile_drafts_dense_and_point_q(cb, monkeypatch, route, qkind):
+def test_hostile_drafts_dense_and_point_q(cb, route, qkind):
     """Draft ids outside [0, V) with a dense or point-mass q: DRAFT_OUT_OF_RANGE before any
     read at the id; a dense count above 2**24 at a draft: Q_INVALID; q(d) = 0: Q_ZERO_AT_DRAFT."""
-    method, attrs = HOSTILE_ROUTES[route]
-    _route(cb, monkeypatch, attrs)
-    p, draft, counts, ids, seed, pos = _hostile_base(b=8, seed=9)
+    method, k, b = HOSTILE_ROUTES[route]
+    p, draft, counts, ids, seed, pos = _hostile_base(b=8 if b == 24 else b, seed=9, k=k)
     b = p.shape[0]
-    dense = np.zeros((b, K, V), np.uint32)
+    dense = np.zeros((b, k, V), np.uint32)
     for r in range(b):
-        for i in range(K):
+        for i in range(k):
             valid = ids[r, i] >= 0
             dense[r, i, ids[r, i][valid]] = counts[r, i][valid]
     want = [_status.OK] * b

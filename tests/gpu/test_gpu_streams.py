@@ -4,7 +4,7 @@ Each test makes a side stream current, queues a long sleep on it and then the
 input's last write (a copy), then calls dyadic: a call that launched on another
 stream (the default stream, or a stale one) would read the input before the copy
 lands and give other counts / tokens than backend="cpu" on the final input.  The
-calls must not warn (CuPy >= 14 deprecates ExternalStream; cupy_backend wraps a
+calls must not warn (CuPy >= 14 deprecates ExternalStream; backends/cuda/cupy/runtime.py wraps a
 raw handle with Stream.from_external there).
 """
 

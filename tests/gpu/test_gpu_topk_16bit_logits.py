@@ -1,15 +1,17 @@
-"""pk_topk4 (propose_packed.cuh: packed 16-bit keys) == the CPU backend, bit for bit.
+"""topk_onepass_packed8k / 16k / 32k (kernels/topk_onepass_packed.cuh: packed 16-bit
+keys) == the CPU backend, bit for bit.
 
-The cuda backend takes pk_topk4 in pk_topk3's place for bfloat16 / float16
-logits without bias on 16-byte loads.  These cases aim at its branches: the
-packed order keys (-0.0 / +0.0, subnormals, huge values, every sign), the
-all-ones-exponent flag (NaN, +inf fail closed with the first bad id; -inf
-masses do not), the tile's ranking of its survivors (ties spread over warps
-and tiles, threads holding several; swamped by ties: the exact radix select),
-the last block's merge of the tiles' sorted runs, partial last tiles, rows whose temperature is outside the
-coarse-key range (exact keys) and greedy rows.  Each case runs with the
-automatic choice, pk_topk4, pk_topk4w, pk_topk4x (tiles of 8192 / 16384 / 32768
-ids) and pk_topk3, and checks which was launched.
+The cuda backend takes a packed kernel in topk_onepass_wide's place for bfloat16 /
+float16 logits without bias on 16-byte loads: the smallest tile (8192 / 16384 / 32768
+ids) whose grid fits one wave of two blocks per SM, so at V = 129280 batches of 1-16,
+17-33 and 34-66 rows take the three tiles (tests/gpu/test_cuda_routes.py).  These
+cases aim at the kernels' branches: the packed order keys (-0.0 / +0.0, subnormals,
+huge values, every sign), the all-ones-exponent flag (NaN, +inf fail closed with the
+first bad id; -inf masses do not), the tile's ranking of its survivors (ties spread over
+warps and tiles, threads holding several; swamped by ties: the exact radix select), the
+last block's merge of the tiles' sorted runs, partial last tiles, rows whose temperature
+is outside the coarse-key range (exact keys) and greedy rows.  Each case also runs on
+rows one element past a 16-byte boundary, which take topk_onepass_wide's scalar loads.
 Skips without a GPU.
 """
 
@@ -27,69 +29,47 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def cb(cuda):
-    """cupy_backend, where the cuda and cpu backends load (test_gpu_topk_small_k's fixture
-    skips otherwise, with the reason)."""
-    from dyadic.backends.cuda import cupy_backend
-    return cupy_backend
+    """Where the cuda and cpu backends load (test_gpu_topk_small_k's fixture skips
+    otherwise, with the reason)."""
+    return cuda
 
 
-class _Count:
-    """A kernel stand-in that counts its launches and forwards them."""
-
-    def __init__(self, fn):
-        self.fn, self.n = fn, 0
-
-    def launch(self, *a):
-        self.n += 1
-        return self.fn.launch(*a)
-
-
-def _run(cb, monkeypatch, x16, keys, pk4, **kw):
-    """propose on the GPU with pk_topk3's route forced and DYADIC_CUDA_PK4's choice pk4
-    (-1 auto, 0 pk_topk3, 1 pk_topk4, 2 pk_topk4w, 3 pk_topk4x); returns the outputs as NumPy arrays (or the
-    ValueError's message) and how many times a pk_topk4 kernel was launched."""
-    monkeypatch.setattr(cb, "_PK_MODE", "3")
-    monkeypatch.setattr(cb, "_PK4", pk4)
-    monkeypatch.setattr(cb, "_PLANS", {})
+def _outputs(x, keys, backend, **kw):
+    """propose's outputs as NumPy arrays, or the ValueError's message."""
     try:
-        dyadic.propose(x16, keys, backend="cuda", **kw)  # makes the plan
-    except ValueError as e:
-        return str(e), None
-    counts = []
-    for key, plan in list(cb._PLANS.items()):
-        if key[0] == "pk3":
-            packed = tuple(p[:2] + (_Count(p[2]),) + p[3:] for p in plan[-1])
-            counts += [p[2] for p in packed]
-            cb._PLANS[key] = plan[:-1] + (packed,)
-    t, q = dyadic.propose(x16, keys, backend="cuda", **kw)
-    return (t.cpu().numpy(), q.counts.cpu().numpy(), q.ids.cpu().numpy()), sum(c.n for c in counts)
-
-
-def _cpu(x16, keys, **kw):
-    try:
-        t, q = dyadic.propose(x16.float().cpu().numpy(), keys, backend="cpu", **kw)
+        t, q = dyadic.propose(x, keys, backend=backend, **kw)
     except ValueError as e:
         return str(e)
-    return np.asarray(t), np.asarray(q.counts), np.asarray(q.ids)
+    as_np = (lambda a: a.cpu().numpy()) if backend == "cuda" else np.asarray
+    return as_np(t), as_np(q.counts), as_np(q.ids)
 
 
-def _check(cb, monkeypatch, x16, keys, expect_pk4=True, **kw):
-    """Every DYADIC_CUDA_PK4 choice gives the CPU backend's outputs (or its error)."""
-    want = _cpu(x16, keys, **kw)
-    for pk4 in (-1, 1, 2, 3, 0):
-        got, n4 = _run(cb, monkeypatch, x16, keys, pk4, **kw)
+def _unaligned(x16):
+    """x16's values in rows that start one element past a 16-byte boundary."""
+    b, v = x16.shape
+    flat = torch.empty(b * v + 1, dtype=x16.dtype, device="cuda")
+    xs = flat[1:].view(b, v)
+    xs.copy_(x16)
+    return xs
+
+
+def _check(x16, keys, **kw):
+    """The packed kernel (x16 as given) and topk_onepass_wide (the same values unaligned)
+    give the CPU backend's outputs (or its error)."""
+    want = _outputs(x16.float().cpu().numpy(), keys, "cpu", **kw)
+    for x in (x16, _unaligned(x16)):
+        got = _outputs(x, keys, "cuda", **kw)
         if isinstance(want, str):
             assert got == want
             continue
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
-        assert (n4 > 0) == (pk4 != 0 and expect_pk4)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kind", KINDS + ["signs", "spread"])
 @pytest.mark.parametrize("v", [8, 4104, 8200, 129280])
-def test_packed_parity(cb, monkeypatch, dtype, kind, v):
+def test_packed_parity(cb, dtype, kind, v):
     rng = np.random.default_rng(hash((dtype, kind, v)) % 2**32)
     b = 5 if v > 10000 else 3
     if kind == "signs":  # every 16-bit pattern's neighbours: both signs, tiny and huge
@@ -114,50 +94,54 @@ def test_packed_parity(cb, monkeypatch, dtype, kind, v):
                            position=rng.integers(0, 2**31, size=b))
         temp = 0.7 if top_k != 31 else rng.choice([0.0, 0.5, 1.0, 1e-300, 1e250], size=b)
         for policy in ("standard", "floor-first"):
-            _check(cb, monkeypatch, x16, keys, top_k=top_k, temperature=temp, policy=policy)
+            _check(x16, keys, top_k=top_k, temperature=temp, policy=policy)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("b", [1, 4, 64])
-def test_packed_batches(cb, monkeypatch, dtype, b):
+@pytest.mark.parametrize("b", [1, 4, 20, 40, 64])
+def test_packed_batches(cb, dtype, b):
+    """At V = 129280: tiles of 8192 (B = 1, 4), 16384 (B = 20) and 32768 ids (B = 40, 64)."""
     rng = np.random.default_rng(b)
     v = 129280
     x16 = torch.from_numpy(_rows(rng, "random", b, v)).to(getattr(torch, dtype)).cuda()
     keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=rng.integers(0, 2**31, size=b))
-    _check(cb, monkeypatch, x16, keys, top_k=32, temperature=0.7)
+    _check(x16, keys, top_k=32, temperature=0.7)
 
 
-@pytest.mark.parametrize("chunk", [4096, 6000, 8192])
-def test_packed_tiles(cb, monkeypatch, chunk):
-    """Tile lengths other than 8192 (6000: not a power of two) and a spike in the row's
-    last, partial tile."""
-    monkeypatch.setattr(cb, "_PK3_CHUNK", chunk)
-    rng = np.random.default_rng(chunk)
-    b, v = 3, 129280
-    for kind in ("random", "fewvals", "tail_spike"):
-        x16 = torch.from_numpy(_rows(rng, kind, b, v)).to(torch.bfloat16).cuda()
-        keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=rng.integers(0, 2**31, size=b))
-        _check(cb, monkeypatch, x16, keys, top_k=32, temperature=0.8)
+@pytest.mark.parametrize("b", [3, 20, 40])
+@pytest.mark.parametrize("kind", ["random", "fewvals", "equal", "tail_spike"])
+def test_packed_tiles(cb, b, kind):
+    """Each of the three tiles (by the batch, at V = 129280) on ties and a spike in the
+    row's last, partial tile."""
+    rng = np.random.default_rng(b)
+    v = 129280
+    x16 = torch.from_numpy(_rows(rng, kind, b, v)).to(torch.bfloat16).cuda()
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=rng.integers(0, 2**31, size=b))
+    _check(x16, keys, top_k=32, temperature=0.8)
 
 
-def test_packed_not_taken(cb, monkeypatch):
-    """float32 logits, bias, and rows that are not 16-byte aligned stay on pk_topk3."""
+def test_packed_not_taken(cb):
+    """float32 logits, a bias, and a V that is not a multiple of 8 take the other one-pass
+    kernels: the same results as the CPU backend."""
     rng = np.random.default_rng(5)
     b, v = 3, 4104
     x = _rows(rng, "random", b, v)
     keys = dyadic.Keys(seed=np.arange(b), position=0)
-    _check(cb, monkeypatch, torch.from_numpy(x).cuda(), keys, expect_pk4=False, top_k=32)
-    flat = torch.empty(b * v + 1, dtype=torch.bfloat16, device="cuda")
-    xs = flat[1:].view(b, v)
-    xs.copy_(torch.from_numpy(x).to(torch.bfloat16))
-    _check(cb, monkeypatch, xs, keys, expect_pk4=False, top_k=32)
+    _check(torch.from_numpy(x).cuda(), keys, top_k=32)
+    bias = torch.from_numpy(rng.standard_normal(v).astype(np.float32)).cuda()
+    x16 = torch.from_numpy(x).to(torch.bfloat16).cuda()
+    for xd in (x16, _unaligned(x16)):
+        got = _outputs(xd, keys, "cuda", top_k=32, bias=bias)
+        want = _outputs(x16.float().cpu().numpy(), keys, "cpu", top_k=32, bias=bias.cpu().numpy())
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
     v2 = 4100  # not a multiple of 8
     x2 = torch.from_numpy(_rows(rng, "random", b, v2)).to(torch.bfloat16).cuda()
-    _check(cb, monkeypatch, x2, keys, expect_pk4=False, top_k=32)
+    _check(x2, keys, top_k=32)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_packed_bad_rows_fail_closed(cb, monkeypatch, dtype):
+def test_packed_bad_rows_fail_closed(cb, dtype):
     """NaN / +inf: the first bad id decides the status, the row's outputs are -1 / 0, other
     rows are unaffected; -inf masks (an all-ones exponent that is not bad) are fine."""
     rng = np.random.default_rng(11)
@@ -172,15 +156,12 @@ def test_packed_bad_rows_fail_closed(cb, monkeypatch, dtype):
     x[6, 4095] = np.inf  # a tile's last id
     x16 = torch.from_numpy(x).to(getattr(torch, dtype)).cuda()
     keys = dyadic.Keys(seed=np.arange(b), position=0)
-    monkeypatch.setattr(cb, "_PK_MODE", "3")
-    for pk4 in (-1, 1, 2, 3, 0):
-        monkeypatch.setattr(cb, "_PK4", pk4)
-        monkeypatch.setattr(cb, "_PLANS", {})
+    for xd in (x16, _unaligned(x16)):  # the packed kernel, topk_onepass_wide
         out = {"tokens": torch.empty(b, dtype=torch.int32, device="cuda"),
                "counts": torch.empty(b, 32, dtype=torch.uint32, device="cuda"),
                "ids": torch.empty(b, 32, dtype=torch.int32, device="cuda"),
                "status": torch.empty(b, dtype=torch.int32, device="cuda")}
-        dyadic.propose(x16, keys, top_k=32, backend="cuda", check=False, out=out)
+        dyadic.propose(xd, keys, top_k=32, backend="cuda", check=False, out=out)
         assert list(out["status"].cpu().numpy()) == [0, 1, 2, 4, 2, 0, 2]
         bad = [1, 2, 3, 4, 6]
         assert (out["tokens"].cpu().numpy()[bad] == -1).all()
@@ -193,23 +174,3 @@ def test_packed_bad_rows_fail_closed(cb, monkeypatch, dtype):
         np.testing.assert_array_equal(out["tokens"].cpu().numpy()[good], np.asarray(t2))
         np.testing.assert_array_equal(out["counts"].cpu().numpy()[good], np.asarray(q2.counts))
         np.testing.assert_array_equal(out["ids"].cpu().numpy()[good], np.asarray(q2.ids))
-
-
-@pytest.mark.parametrize("b", [1, 4, 16, 32, 64])
-def test_packed_route(cb, monkeypatch, b):
-    """DYADIC_CUDA_PK="auto" sends 16-bit logits without bias to the wide kernels at every
-    batch (float32 at B = 1 stays on pk_topk2), and the automatic packed choice is the
-    smallest tile whose grid fits two blocks per SM, else the largest."""
-    monkeypatch.setattr(cb, "_PK_MODE", "auto")
-    monkeypatch.setattr(cb, "_PK4", -1)
-    v = 129280
-    assert cb._pk_route(32, True, b, v, True) is True
-    assert cb._pk_route(32, True, 1, v, False) is False
-    monkeypatch.setattr(cb, "_PLANS", {})
-    x16 = torch.zeros(b, v, dtype=torch.bfloat16, device="cuda")
-    dyadic.propose(x16, dyadic.Keys(seed=np.arange(b), position=0), top_k=32, backend="cuda")
-    (plan,) = [p for k, p in cb._PLANS.items() if k[0] == "pk3"]
-    auto, *choices = plan[-1]
-    fits = [c for c in choices if int(c[0]) * b <= 2 * cb._num_sms()]
-    assert auto is (fits[0] if fits else choices[-1])
-    assert [int(c[1]) for c in choices] == [8192, 16384, 32768]

@@ -1,4 +1,8 @@
-"""pk_topk2 / pk_topk3 (backend="cuda", top_k <= 32) == the CPU backend, on adversarial rows.
+"""topk_onepass / topk_onepass_wide (backend="cuda", top_k <= 32) == the CPU backend, on
+adversarial rows.  The batch picks the kernel (backends/cuda/cupy/routes.py: at V = 129280
+B = 1 takes topk_onepass, larger batches topk_onepass_wide; a bias on logits keeps
+topk_onepass; 16-bit logits without bias take the packed kernels, tested in
+test_gpu_topk_16bit_logits.py).
 
 The fast top-k kernel thresholds on per-thread maxima of a coarse key and
 falls back to an exact radix select when ties swamp the survivors; these
@@ -7,8 +11,6 @@ place, -0.0 / +0.0, subnormals, huge logits, -inf masses, temperatures
 outside the coarse-key range (exact keys), bias (exact keys), probabilities,
 half-precision inputs, both policies, failing rows.  Skips without a GPU.
 """
-
-import os
 
 import numpy as np
 import pytest
@@ -28,23 +30,6 @@ def cuda():
     if _load("cpu")[0] is None:
         pytest.skip("the CPU backend is not built")
     return "cuda"
-
-
-# DYADIC_TEST_PK_MODES=3 narrows the run (a GPU lease is short); default: every mode
-PK_MODES = os.environ.get("DYADIC_TEST_PK_MODES", "2,3,auto").split(",")
-
-
-@pytest.fixture(scope="module", params=PK_MODES, autouse=True)
-def pk_mode(request):
-    """Every case for every fast kernel: pk_topk2 ("2"), pk_topk3 ("3": only without
-    bias, else pk_topk2) and the default choice between them ("auto")."""
-    from dyadic.backends.cuda import cupy_backend as cb
-    prev = cb._PK_MODE
-    cb._PK_MODE = request.param
-    cb._PLANS.clear()
-    yield request.param
-    cb._PK_MODE = prev
-    cb._PLANS.clear()
 
 
 def _rows(rng, kind, b, v):
@@ -182,17 +167,14 @@ def test_propose_fast_bad_rows_fail_closed(cuda):
     np.testing.assert_array_equal(out["counts"].cpu().numpy()[good], np.asarray(q2.counts))
 
 
-@pytest.mark.parametrize("chunk", [4096, 6000, 8192])
+@pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("kind", ["random", "fewvals", "equal", "tail_spike"])
-def test_propose_fast_tiles(cuda, chunk, kind, monkeypatch):
-    """pk_topk3's tile lengths (up to 8192 ids; 6000 is not a power of two; at least
-    V / 32 so the candidate slots fit; pk_topk2 keeps 4096): ties that overflow the
-    survivor buffer hit the exact fallback, ties at the bound the rank counting."""
-    from dyadic.backends.cuda import cupy_backend as cb
-    monkeypatch.setattr(cb, "_PK3_CHUNK", chunk)
-    monkeypatch.setattr(cb, "_PLANS", {})
-    rng = np.random.default_rng(chunk)
-    b, v = 3, 129280
+def test_propose_fast_tiles(cuda, b, kind):
+    """topk_onepass's tiles of 4096 ids (B = 1) and topk_onepass_wide's of 8192 (B = 3):
+    ties that overflow the survivor buffer hit the exact fallback, ties at the bound the
+    rank counting."""
+    rng = np.random.default_rng(b)
+    v = 129280
     x = _rows(rng, kind, b, v)
     keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=rng.integers(0, 2**31, size=b))
     for policy in ("standard", "floor-first"):
@@ -206,7 +188,7 @@ def test_propose_fast_tiles(cuda, chunk, kind, monkeypatch):
 @pytest.mark.parametrize("v", [4099, 129280])
 def test_propose_fast_unaligned_rows(cuda, dtype, v):
     """Rows that are not 16-byte aligned (a pointer one element past an aligned one,
-    or V not a multiple of 8) take the scalar loads of pk_topk3: the same results."""
+    or V not a multiple of 8) take the scalar loads of topk_onepass_wide: the same results."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(v)
     b = 3

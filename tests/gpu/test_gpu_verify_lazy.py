@@ -127,7 +127,7 @@ def _pfix(bits):
 
 
 def lazy_verify_model(target_bits, draft, q_rows, keys, position):
-    """dc_vlazy2 + dc_vres2 as a Python model: (status, accepted, tokens, rows read in full)."""
+    """The lazy verify's reads as a Python model (verify_lazy): (status, accepted, tokens, rows read in full)."""
     k = len(draft)
     cls = []
     for i, d in enumerate(draft):
@@ -213,7 +213,7 @@ typedef unsigned int u32;
 #define DC_FN static inline
 struct DcKey { u64 seed; u32 gen, rnd, pos; };
 #define LZ_CLASSIFY_ONLY
-#include "verify_lazy.cuh"
+#include "verify_classify.cuh"
 int main() {
   unsigned long long P, seed; unsigned c, gen, rnd, pos;
   while (scanf("%llu %u %llu %u %u %u", &P, &c, &seed, &gen, &rnd, &pos) == 6) {
@@ -226,17 +226,18 @@ int main() {
 
 
 def test_lz_classify_c_equals_model(tmp_path):
-    """lz_classify of verify_lazy.cuh, compiled for the host, == lazy_class."""
+    """lz_classify of verify_classify.cuh, compiled for the host, == lazy_class."""
     import shutil
     import subprocess
 
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    from dyadic.backends.cuda import cupy_backend as cb
+    from dyadic.backends.cuda.cupy import runtime
     src, exe = tmp_path / "lz.cpp", tmp_path / "lz"
     src.write_text(_HARNESS)
-    subprocess.run([cxx, "-O1", "-std=c++17", "-I", cb._include_dir(), "-I", cb._HERE, str(src),
+    subprocess.run([cxx, "-O1", "-std=c++17", "-I", runtime.include_dir(), "-I",
+                    runtime.KERNEL_DIR, str(src),
                     "-o", str(exe)], check=True)
     rng = np.random.default_rng(12)
     cases = []
@@ -264,7 +265,7 @@ def test_lz_classify_c_equals_model(tmp_path):
         assert names[int(o)] == lazy_class(p, c, k, pos), (p, c, k, pos)
 
 
-# dc_vfused's per-id rule (verify_fused.cuh, vf_elem): whether R_v > 0, i.e.
+# verify_lazy's per-id rule (verify_lazy.cuh, vf_elem): whether R_v > 0, i.e.
 # P * 2^24 > c * T, is the same for every valid row total T, decided with two shifts.
 THI24, TLO24 = (1 << 38) + (1 << 28), (1 << 38) - (1 << 28)
 SEL, NOT, UND = "selected", "not selected", "undecided"
@@ -322,8 +323,6 @@ def _cuda_dev():
 
 @pytest.fixture
 def cuda(_cuda_dev):
-    from dyadic.backends.cuda import cupy_backend as cb
-    cb._PLANS.clear()
     yield _cuda_dev
 
 
@@ -663,7 +662,7 @@ def test_lazy_cuda_graph_replay(cuda, qkind):
 
 def _near_q_case(rng, b, k, v, qkind):
     """Target rows equal to q's probabilities up to a relative 2^-11 noise (every id
-    with c_v > 0 is AMBIGUOUS for the residual selection of dc_vfused: its selection
+    with c_v > 0 is AMBIGUOUS for the residual selection of verify_lazy: its selection
     depends on the exact row total), the draft token at half its q mass (acceptance
     ~ 1/2, so about half the requests draw from such a residual row)."""
     w = rng.random((b * k, v)).astype(np.float32) + np.float32(0.05)
@@ -694,7 +693,7 @@ def _near_q_case(rng, b, k, v, qkind):
 @pytest.mark.parametrize("qkind", ["dense", "sparse"])
 def test_lazy_residual_row_near_q(cuda, v, b, qkind):
     """Residual rows whose selection R_v > 0 is undecided without the exact total for
-    almost every id (dc_vfused's dirty chunks, summed again by the last block)."""
+    almost every id (verify_lazy's dirty chunks, summed again by the last block)."""
     k = 3
     rng = np.random.default_rng(v + 5 * b)
     p, draft, q = _near_q_case(rng, b, k, v, qkind)
@@ -712,7 +711,7 @@ def test_lazy_residual_row_near_q(cuda, v, b, qkind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("qkind", ["dense", "sparse"])
 def test_lazy_parity_full_batch(cuda, qkind):
-    """B = 64 at V = 129280 (the benchmark's shape): dc_vfused's largest tiles (16384 ids,
+    """B = 64 at V = 129280 (the benchmark's shape): verify_lazy's largest tiles (16384 ids,
     256 chunks per tile: the chunk search takes two passes of its warp)."""
     b, k, v = 64, 5, 129280
     rng = np.random.default_rng(64 + len(qkind))
@@ -728,5 +727,5 @@ def test_lazy_parity_full_batch(cuda, qkind):
 @pytest.mark.parametrize("qkind", ["dense", "sparse", "point"])
 def test_lazy_parity_search_paths(cuda, v, qkind):
     """Vocabularies past the benchmark's (2**17, 2**17 + 1, a prime above 2**17: more than
-    2048 chunks of 64 ids, a last tile of one id): dc_vfused equals the CPU backend."""
+    2048 chunks of 64 ids, a last tile of one id): verify_lazy equals the CPU backend."""
     _random_case_same_as_cpu(np.random.default_rng(v + len(qkind)), 2, 3, v, qkind, 3)

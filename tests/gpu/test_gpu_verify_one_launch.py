@@ -1,12 +1,13 @@
 """verify with check=False / True and no greedy request on the CUDA backend: one launch
-(dc_vone, verify_fused.cuh) for small grids in place of dc_v1 + dc_v2.
+(verify_one_launch, kernels/verify_one_launch.cuh) where its grid fits, in place of
+verify_chain + verify_residual (backends/cuda/cupy/routes.py).
 
-GPU tests (skip without CuPy + torch CUDA): on valid input dc_vone, the two launches and
-the CPU backend give the same accepted counts and tokens; on invalid input dc_vone gives
-the statuses of the two launches (the first invalid row in order, then a draft id out of
-range, then the first draft with q(d) = 0) and fails only those requests closed, bit for bit with the two launches; both
-check=True paths raise the same message; the host picks dc_vone where its grid fits one
-wave (DYADIC_CUDA_VONE=1 forces it, =0 never).
+GPU tests (skip without CuPy + torch CUDA), at shapes the one launch serves: on valid
+input it gives the accepted counts and tokens of the CPU backend and of the two launches
+(the same call with greedy flags all False, which takes the two launches); on invalid
+input the statuses of the two launches (the first invalid row in order, then a draft id
+out of range, then the first draft with q(d) = 0), failing only those requests closed;
+both check=True routes raise the same message.
 """
 
 import numpy as np
@@ -21,19 +22,16 @@ from conftest import cuda_torch, random_target as _target
 @pytest.fixture
 def cb():
     cuda_torch()
-    from dyadic.backends.cuda import cupy_backend
-    cupy_backend._PLANS.clear()
-    yield cupy_backend
-    cupy_backend._PLANS.clear()
 
 
-def _verify(cb, monkeypatch, mode, p, draft, q, keys, check=False):
-    """Outputs (accepted, tokens, status) of backend "cuda" with DYADIC_CUDA_VONE=mode."""
+def _verify(p, draft, q, keys, check=False, two=False):
+    """Outputs (accepted, tokens, status) of backend "cuda": without greedy flags (one
+    launch where its grid fits), or with ``two`` greedy flags all False (the two launches)."""
     import torch
-    monkeypatch.setattr(cb, "_VONE_MODE", mode)
-    cb._PLANS.clear()
+    b = p.shape[0]
+    g = torch.zeros(b, dtype=torch.bool, device="cuda") if two else None
     r = dyadic.verify(torch.from_numpy(p).cuda(), torch.from_numpy(draft).cuda(), q, keys,
-                      backend="cuda", check=check)
+                      greedy=g, backend="cuda", check=check)
     st = np.zeros(p.shape[0], np.int32) if r.status is None else r.status.cpu().numpy()
     return r.accepted.cpu().numpy(), r.tokens.cpu().numpy(), st
 
@@ -67,15 +65,13 @@ def _keys(rng, b):
 @pytest.mark.parametrize("b", [1, 3, 4])
 @pytest.mark.parametrize("k", [1, 5, 7])
 @pytest.mark.parametrize("qkind", ["dense", "sparse", "point"])
-def test_one_launch_parity(cb, monkeypatch, v, b, k, qkind):
+def test_one_launch_parity(cb, v, b, k, qkind):
     rng = np.random.default_rng(v + 10 * b + 100 * k + len(qkind))
     p = _target(rng, b, k + 1, v)
     draft, q = _q(rng, p, qkind, k)
     keys = _keys(rng, b)
-    one = _verify(cb, monkeypatch, "1", p, draft, q, keys)
-    assert bool(cb._PLANS.get(("verify_one", cb._device_id(), b, k + 1, v)))
-    two = _verify(cb, monkeypatch, "0", p, draft, q, keys)
-    assert not cb._PLANS.get(("verify_one", cb._device_id(), b, k + 1, v))
+    one = _verify(p, draft, q, keys)
+    two = _verify(p, draft, q, keys, two=True)
     ref = dyadic.verify(p, draft, q, keys, backend="cpu")
     for a, c in zip(one, two):
         np.testing.assert_array_equal(a, c)
@@ -122,12 +118,12 @@ def _broken(rng, qkind, v=4097, k=5):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qkind", ["dense", "sparse", "point"])
-def test_one_launch_fails_closed_as_two_launches(cb, monkeypatch, qkind):
+def test_one_launch_fails_closed_as_two_launches(cb, qkind):
     rng = np.random.default_rng(31 + len(qkind))
     p, draft, q, want = _broken(rng, qkind)
     keys = _keys(rng, p.shape[0])
-    one = _verify(cb, monkeypatch, "1", p, draft, q, keys)
-    two = _verify(cb, monkeypatch, "0", p, draft, q, keys)
+    one = _verify(p, draft, q, keys)
+    two = _verify(p, draft, q, keys, two=True)
     for a, c in zip(one, two):
         np.testing.assert_array_equal(a, c)
     acc, tok, st = one
@@ -145,52 +141,31 @@ def test_one_launch_fails_closed_as_two_launches(cb, monkeypatch, qkind):
 
 
 @pytest.mark.gpu
-def test_one_launch_check_true_raises_as_two_launches(cb, monkeypatch):
+def test_one_launch_check_true_raises_as_two_launches(cb):
     rng = np.random.default_rng(8)
     p, draft, q, _ = _broken(rng, "dense")
     keys = _keys(rng, p.shape[0])
     msgs = []
-    for mode in ("1", "0"):
+    for two in (False, True):
         with pytest.raises(ValueError) as e:
-            _verify(cb, monkeypatch, mode, p, draft, q, keys, check=True)
+            _verify(p, draft, q, keys, check=True, two=two)
         msgs.append(str(e.value))
     assert msgs[0] == msgs[1]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode, taken", [("auto", True), ("0", False), ("1", True)])
-def test_one_launch_route(cb, monkeypatch, mode, taken):
-    """B = 1 at V = 129280 (the benchmark's small batch): dc_vone unless switched off;
-    a greedy request keeps the two launches (dc_v1 decides greedy requests)."""
-    import torch
-    rng = np.random.default_rng(2)
-    p = _target(rng, 1, 6, 129280)
-    draft, q = _q(rng, p, "dense", 5)
-    keys = _keys(rng, 1)
-    _verify(cb, monkeypatch, mode, p, draft, q, keys)
-    key = ("verify_one", cb._device_id(), 1, 6, 129280)
-    assert bool(cb._PLANS.get(key)) == taken
-    cb._PLANS.clear()
-    dyadic.verify(torch.from_numpy(p).cuda(), torch.from_numpy(draft).cuda(), q, keys,
-                  greedy=torch.ones(1, dtype=torch.bool, device="cuda"), backend="cuda",
-                  check=False)
-    assert key not in cb._PLANS
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("b, v", [(8, 129280), (16, 32000), (32, 4097)])
 @pytest.mark.parametrize("qkind", ["dense", "sparse"])
-def test_one_launch_parity_larger_batches(cb, monkeypatch, b, v, qkind):
-    """Larger batches that the automatic choice still gives dc_vone (tiles of up to
+def test_one_launch_parity_larger_batches(cb, b, v, qkind):
+    """Larger batches that verify_one_launch still serves (verify_lazy's tiles, up to
     16384 ids at V = 129280), against the two launches and the CPU backend."""
     rng = np.random.default_rng(b + v)
     k = 5
     p = _target(rng, b, k + 1, v)
     draft, q = _q(rng, p, qkind, k)
     keys = _keys(rng, b)
-    one = _verify(cb, monkeypatch, "auto", p, draft, q, keys)
-    assert cb._PLANS.get(("verify_one", cb._device_id(), b, k + 1, v))
-    two = _verify(cb, monkeypatch, "0", p, draft, q, keys)
+    one = _verify(p, draft, q, keys)
+    two = _verify(p, draft, q, keys, two=True)
     ref = dyadic.verify(p, draft, q, keys, backend="cpu")
     for a, c in zip(one, two):
         np.testing.assert_array_equal(a, c)
@@ -199,15 +174,15 @@ def test_one_launch_parity_larger_batches(cb, monkeypatch, b, v, qkind):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("v", [1, 111, 4097])
-def test_one_launch_no_drafts(cb, monkeypatch, v):
-    """k = 0 (only the bonus row): dc_vone, the two launches and the CPU backend agree."""
+def test_one_launch_no_drafts(cb, v):
+    """k = 0 (only the bonus row): verify_one_launch, the two launches and the CPU backend agree."""
     rng = np.random.default_rng(v)
     b = 3
     p = _target(rng, b, 1, v)
     draft = np.zeros((b, 0), np.int32)
     keys = _keys(rng, b)
-    one = _verify(cb, monkeypatch, "1", p, draft, None, keys)
-    two = _verify(cb, monkeypatch, "0", p, draft, None, keys)
+    one = _verify(p, draft, None, keys)
+    two = _verify(p, draft, None, keys, two=True)
     ref = dyadic.verify(p, draft, None, keys, backend="cpu")
     for a, c in zip(one, two):
         np.testing.assert_array_equal(a, c)

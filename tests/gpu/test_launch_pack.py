@@ -1,4 +1,4 @@
-"""backends/cuda/launch.py without a GPU: argument slots, the kernelParams array, the
+"""backends/cuda/cupy/launch.py without a GPU: argument slots, the kernelParams array, the
 driver call, errors and the CuPy fallback, against a stub driver (no CUDA needed)."""
 
 import ctypes
@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from dyadic.backends.cuda import launch
+from dyadic.backends.cuda.cupy import launch
 
 
 class _Ptr:
@@ -169,8 +169,8 @@ def test_more_args_than_slots(stub):
 
 def test_error_raises_with_name(stub):
     stub.rc = [700]
-    k = launch.Kernel(FakeFunction(), "dc_topk")
-    with pytest.raises(RuntimeError, match="dc_topk.*CUDA_ERROR_ILLEGAL_ADDRESS"):
+    k = launch.Kernel(FakeFunction(), "topk_select")
+    with pytest.raises(RuntimeError, match="topk_select.*CUDA_ERROR_ILLEGAL_ADDRESS"):
         k((1,), (1,), (np.int32(0),))
 
 
@@ -226,7 +226,7 @@ def test_real_ctypes_marshalling(stub):
 
 def test_cupy_fallback_wraps_an_explicit_stream(stub):
     """MODE "cupy": CuPy's launch gets the stream object made by the configured wrapper
-    (cupy_backend.external_stream: Stream.from_external on CuPy >= 14, not the deprecated
+    (runtime.external_stream: Stream.from_external on CuPy >= 14, not the deprecated
     ExternalStream); without a stream, CuPy's current stream (no stream argument)."""
     made = []
 

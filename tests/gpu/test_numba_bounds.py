@@ -9,7 +9,7 @@ batch equal the CPU backend, bit for bit (the CPU backend is run on those rows
 only, with the same arguments: rows are independent).
 
 The kernels stride over rows, so the grid does not limit the batch:
-``numba_backend.MAX_BLOCKS`` caps the number of blocks and the results must not
+``backends/cuda/numba/backend.py``'s ``MAX_BLOCKS`` caps the number of blocks and the results must not
 change.  ``test_gpu_large_batch`` (GPU only) runs every primitive at
 B x k = 100001 rows, above the 65535 blocks a y or z grid dimension holds.
 """
@@ -390,7 +390,7 @@ def assert_all_equal(out):
 
 
 def _numba_backend_module():
-    from dyadic.backends.cuda import numba_backend
+    from dyadic.backends.cuda.numba import backend as numba_backend
     return numba_backend
 
 

@@ -3,7 +3,7 @@
 The CUDA simulator runs the device functions as Python on NumPy scalars, so a
 hazard that only exists in compiled code (numba's typing: a signed/unsigned mix
 promoted to float64, ``float(float32)`` typed as float32) never shows in CI.
-``DYADIC_NUMBA_CORE_NJIT=1`` makes backends/cuda/numba_core.py compile its
+``DYADIC_NUMBA_CORE_NJIT=1`` makes backends/cuda/numba/core.py compile its
 pure-arithmetic device functions with ``numba.njit`` (same typing rules as
 ``cuda.jit``); ``test_compiled_core`` does that in a fresh interpreter (this
 process runs the simulator: tests/conftest.py) and compares every function
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(r'''
     sys.path.insert(0, REPO)
     import numba
     from numba.core.registry import CPUDispatcher
-    from backends.cuda import numba_core as C
+    from backends.cuda.numba import core as C
     from dyadic import _spec
     from dyadic.reference import fixedpoint, philox, sampling
 

@@ -38,7 +38,7 @@ def load_numba():
         # not installed as dyadic.backends (source checkout): load from backends/
         if REPO not in sys.path:
             sys.path.insert(0, REPO)
-        from backends.cuda.numba_backend import NumbaBackend
+        from backends.cuda.numba.backend import NumbaBackend
         be = _backend._LOADED["numba"] = NumbaBackend()
     if not be.usable():
         return None, "numba backend: no CUDA GPU and the simulator is off"

@@ -1,12 +1,12 @@
-/* pk_topk3: top-k allocate / propose for K <= 32 with wide tiles (included by
- * dyadic_kernels.cu after propose_fast.cuh; uses pk_select_map, pk2_last).
+/* topk_onepass_wide: top-k allocate / propose for K <= 32 with wide tiles (after
+ * topk_onepass.cuh; uses pk_select_map, pk2_last).
  *
- * The layout and the last block are pk_topk2's (grid (R, B), PK_NT threads,
+ * The layout and the last block are topk_onepass's (grid (R, B), PK_NT threads,
  * R * PK_CAP candidate slots per row, the last block of a row found by an
  * atomic counter merges them and runs the tail).  The tile phase differs:
- *  - a tile holds up to PK_NT * PW_EPT = 8192 ids (pk_topk2: 4096), so a row
+ *  - a tile holds up to PK_NT * PW_EPT = 8192 ids (topk_onepass: 4096), so a row
  *    has half as many blocks, each with the same chain of barriers: at B = 64
- *    the per-block chain, not the bytes, set pk_topk2's time (about 8 waves of
+ *    the per-block chain, not the bytes, set topk_onepass's time (about 8 waves of
  *    blocks at V = 129280);
  *  - element q of a thread is index pw_ix(q) = ((q / 8) * PK_NT + tid) * 8 +
  *    q % 8 of the tile: groups of 8 consecutive ids, one 16-byte load per
@@ -20,14 +20,13 @@
  *    only a thread that has one looks for its first bad id again.
  * The host launches it only without bias (or for probabilities), so every row
  * is narrow unless its temperature lies outside that range; such a row takes
- * the exact radix select of dyadic_cuda.cuh over its tile (keys from x again)
+ * the exact radix select of common.cuh over its tile (keys from x again)
  * and writes its K best in id order: slower, the same result.
  * Exactness: the selection over a tile is pk_select_map's (the K best by
  * (key desc, id asc), or all survivors coarse >= t unranked when they fit
  * PK_CAP; the element map only says which register holds which id), and the
- * merge / tail are pk2_last's, so the output equals dc_topk's bit for bit.
- * Wider tiles and a running bound over sub-tiles are slower on the H200 (see
- * cupy_backend._PK_MODE). */
+ * merge / tail are pk2_last's, so the output equals topk_select's bit for bit.
+ * Wider tiles and a running bound over sub-tiles were slower on the H200. */
 #ifndef DYADIC_PROPOSE_WIDE_CUH
 #define DYADIC_PROPOSE_WIDE_CUH
 
@@ -101,7 +100,7 @@ DC_FN int pw_exact_tile(const void* x, int xdt, const void* bias, int bdt, i64 x
   return kk;
 }
 
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_wide(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -169,3 +168,4 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk3(
 }
 
 #endif
+

@@ -31,7 +31,7 @@ from numba import cuda
 
 from dyadic import _spec, _status
 
-from .numba_core import (
+from .core import (
     U, F32_INF, F32_MAG, MAX_TPB, TARGET_ONE, TARGET_TOL, TOTAL, U0, U1, U24, U40, U8,
     accept_decision, add128, apply_select, block_argmax, block_exscan128, block_sum128, chunk_of,
     draw_block, effective_logit, f32_mant_exp, f64_key, first_exceeding, key_words, lt128, mul64,

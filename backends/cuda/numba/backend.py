@@ -5,13 +5,13 @@ Inputs and outputs are NumPy arrays (copied to the device and back) or device
 arrays (anything with ``__cuda_array_interface__``: used in place).  Key fields
 are arrays of length B or 1 (length 1 broadcasts: dyadic/_device.py passes
 length-1 device keys as they are), of 4- or 8-byte integers, signed or not;
-the kernels read them through numba_core.key_words.  One block
+the kernels read them through core.key_words.  One block
 per row; block size 256 on a GPU, 32 under the simulator (override with
 DYADIC_NUMBA_TPB, a power of two <= 256).  Rows are on the grid's x dimension:
 min(B, MAX_BLOCKS) blocks, each walking rows with a stride of the grid (results
 do not depend on the block count), so any batch size that fits in memory runs,
 and the kernels' scratch has one row per block.  Correctness, not speed, is this backend's job: see
-numba_kernels.py for the kernel structure.
+kernels.py for the kernel structure.
 
 The shapes of the arrays are checked here (ValueError on a mismatch: no data is
 read, nothing synchronises); every id in the data (draft ids, sparse q ids) is
@@ -27,8 +27,8 @@ if not hasattr(np, "row_stack"):  # before numba.cuda is first imported (numpy 2
 
 from numba import cuda  # noqa: E402
 
-from . import numba_core, numba_kernels as K  # noqa: E402
-from ..._backend import Backend  # noqa: E402
+from . import core, kernels as K  # noqa: E402
+from ...._backend import Backend  # noqa: E402
 
 
 def _simulator():
@@ -46,9 +46,9 @@ def _tpb():
     env = os.environ.get("DYADIC_NUMBA_TPB")
     if env:
         t = int(env)
-        if t < 1 or t > numba_core.MAX_TPB or t & (t - 1):
+        if t < 1 or t > core.MAX_TPB or t & (t - 1):
             raise ValueError(f"DYADIC_NUMBA_TPB: expected a power of two <= "
-                             f"{numba_core.MAX_TPB}, got {env!r}")
+                             f"{core.MAX_TPB}, got {env!r}")
         return t
     return 32 if _simulator() else 256
 

@@ -22,10 +22,10 @@ typedef unsigned short u16;
 
 #define DC_FN static __device__ __forceinline__
 
-/* -DDC_PROF (DYADIC_CUDA_PROF=1): %globaltimer stamps in dc_prof, read by
- * tools/gpu_stamps.py.  Slots 0-31: propose (propose_fast.cuh), 32-63: lazy verify
- * (verify_fused.cuh), 64-79: clock64 cycles inside propose's one-warp tail, 80-89:
- * clock64 cycles of dc_vfused's last block. */
+/* -DDC_PROF (DYADIC_CUDA_PROF=1, docs/development.md): %globaltimer stamps in the
+ * module's global dc_prof (read it with RawModule.get_global("dc_prof")).  Slots
+ * 0-31: propose (topk_onepass.cuh), 32-63: lazy verify (verify_lazy.cuh), 64-79: clock64 cycles inside propose's one-warp tail, 80-89:
+ * clock64 cycles of verify_lazy's last block. */
 #ifdef DC_PROF
 __device__ unsigned long long dc_prof[96];
 DC_FN unsigned long long dc_now() {
@@ -509,4 +509,24 @@ DC_FN void block_topk_small(GK getk, GI geti, int n, int K, OUT out, DcTopk& tp,
   __syncthreads();
 }
 
+/* ------------------------------------------------------------------------
+ * Per-row inputs of allocate / propose (the top-k and dense kernels). */
+#define NONE_BAD 0xFFFFFFFFFFFFFFFFull
+
+struct RowIn {
+  const void* x; int xdt; const void* bias; int bdt; int bias_rows;
+  const double* temp; int logits; int greedy_ok; int V;
+};
+
+DC_FN double row_temp(const double* temp, int row, int greedy_ok, bool* greedy) {
+  double t = temp[row];
+  *greedy = greedy_ok && t == 0.0;
+  return *greedy ? 1.0 : t;
+}
+
+DC_FN void fail_sparse(int row, int W, int code, int* tokens, u32* counts, int* ids, int* status) {
+  for (int j = threadIdx.x; j < W; j += blockDim.x) { counts[(i64)row * W + j] = 0; ids[(i64)row * W + j] = -1; }
+  if (threadIdx.x == 0) { status[row] = code; if (tokens) tokens[row] = -1; }
+}
 #endif
+

@@ -1,14 +1,14 @@
-/* Fast top-k allocate / propose for K <= 32 (included by dyadic_kernels.cu).
+/* Fast top-k allocate / propose for K <= 32.
  *
- * One launch of pk_topk2 (here) or pk_topk3 (propose_wide.cuh), grid (R, B),
+ * One launch of topk_onepass (here) or topk_onepass_wide (topk_onepass_wide.cuh), grid (R, B),
  * PK_NT threads: block r of row b takes the ids [r * chunk, min(V, (r + 1) *
  * chunk)) and writes its candidates; the last block of a row (pk_elect_last)
  * merges them, allocates 2**24 tickets and draws in one warp (pk2_last).  No
  * block waits for another.
  *
  * Exactness.  Every block selects the K best of its ids by (key desc, id
- * asc), where key is the exact ranking key of dc_topk (dy_order_key(z) for
- * logits, mag + 1 for probabilities), so the result equals dc_topk bit for
+ * asc), where key is the exact ranking key of topk_select (dy_order_key(z) for
+ * logits, mag + 1 for probabilities), so the result equals topk_select bit for
  * bit.  The selection (pk_select) never ranks all elements:
  *  1. each thread loads its PK_EPT elements in one batch and keeps their
  *     "coarse keys" in registers, with its largest and second largest.  The
@@ -23,12 +23,12 @@
  *     most its maximum) are compacted into shared memory by a block scan and
  *     ranked by counting (key desc, id asc), G lanes per survivor; the K best
  *     are written in rank order.  When more than PK_SMAX survive (masses of
- *     ties) the exact radix select of dyadic_cuda.cuh over all elements
+ *     ties) the exact radix select of common.cuh over all elements
  *     (ties: lowest index = lowest id) picks the K best instead.
- * The merge in the last block runs pk_select over the candidates (see pk_topk2
+ * The merge in the last block runs pk_select over the candidates (see topk_onepass
  * for their layout and keys).
  * The tail (weights, floor, largest remainders or floor-first, compaction
- * in id order, the draw) is the same integer arithmetic as dc_topk, one
+ * in id order, the draw) is the same integer arithmetic as topk_select, one
  * support entry per lane of warp 0. */
 #ifndef DYADIC_PROPOSE_FAST_CUH
 #define DYADIC_PROPOSE_FAST_CUH
@@ -92,7 +92,7 @@ DC_FN void pk_prefetch_exp_table() {
 }
 
 /* Descending bitonic sort of one value per lane of a warp (T: u32 or u64; the
- * narrow keys of pk_topk3 / pk_topk4 sort as u32, half the shuffles): lane j gets
+ * narrow keys of topk_onepass_wide / topk_onepass_packed8k sort as u32, half the shuffles): lane j gets
  * the j-th largest (0-based). */
 template <class T>
 DC_FN T pk_warp_sort_desc(T v) {
@@ -207,7 +207,7 @@ DC_FN int pk_select_map(const KT (&c)[EPT], IX ix, E exact, I id, EA at, CA coar
   }
   int S; int pos = block_excl_scan(cnt, &S, sh);
   if (S <= direct_cap) {
-    /* pk_topk2: the survivors unranked (slot order = thread order) */
+    /* topk_onepass: the survivors unranked (slot order = thread order) */
     if (cnt) {
 #pragma unroll
       for (int q = 0; q < EPT; ++q)
@@ -234,7 +234,7 @@ DC_FN int pk_select_map(const KT (&c)[EPT], IX ix, E exact, I id, EA at, CA coar
   return -1;
 }
 
-/* pk_select over PK_EPT keys per thread at index q * PK_NT + tid (pk_topk2, pk2_last) */
+/* pk_select over PK_EPT keys per thread at index q * PK_NT + tid (topk_onepass, pk2_last) */
 template <class E, class I, class EA, class CA, class IA, class OUT, class OUTD>
 DC_FN int pk_select(const u64 (&c)[PK_EPT], E exact, I id, EA at, CA coarse_at, IA id_at, int n,
                     int K, int etop, OUT out, PkShared& ps, DcShared& sh, int pk_prof,
@@ -280,7 +280,7 @@ DC_FN u64 pk_load_keys(const void* x, int xdt, i64 xoff, int lo, int n, bool fas
 /* The tail, one warp: lane j < K holds the support entry of rank j (exact key
  * desc, id asc) as (key, id); lanes >= K hold (0, 0x7FFFFFFF).  Weights,
  * floor, largest remainders (ties: lowest id) or floor-first, the nonzero
- * entries in id order, the draw: the integer arithmetic of dc_topk.  kk: the
+ * entries in id order, the draw: the integer arithmetic of topk_select.  kk: the
  * row's RNG key (pk_key: loaded before the merge, so its latency overlaps it). */
 DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int policy,
                    int do_draw, const DcKey& kk, int* tokens, u32* counts, int* ids, int* status,
@@ -398,7 +398,7 @@ DC_FN bool pk_elect_last(u32* counters, int row, int R, PkShared& ps) {
 }
 
 /* ------------------------------------------------------------------------
- * pk_topk2 (DYADIC_CUDA_PK=2; the default where its grid is small).
+ * topk_onepass (the route where its grid is small: docs/architecture.md).
  * Rows whose coarse key fits 32 bits (logits without bias in the fast T
  * range, probabilities) never form exact keys in the tile phase: a block
  * writes its survivors (coarse >= t, at most PK_CAP of them, unranked) with
@@ -411,7 +411,7 @@ DC_FN bool pk_elect_last(u32* counters, int row, int R, PkShared& ps) {
  * Candidate slots: [B][R][PK_CAP], padding (0, -1); R * PK_CAP <= PK_NT * PK_EPT. */
 #define PK_CAP 128
 
-/* The end of a tile block of pk_topk2 / pk_topk3 / pk_topk4*: the candidate slots [used,
+/* The end of a tile block of topk_onepass / topk_onepass_wide / topk_onepass_packed*: the candidate slots [used,
  * pad_end) padded (0, -1) (pad_end: PK_CAP, or K where the last block reads only the first
  * K slots, pp_last), the block's first bad element (mybad: this thread's; the barrier first
  * orders it after thread 0's ps.bad = NONE_BAD) into blk_bad, then pk_elect_last. */
@@ -426,7 +426,7 @@ DC_FN bool pk_tile_done(int used, u64 mybad, u64* ck, int* ci, u64* blk_bad, u32
   return pk_elect_last(counters, row, R, ps);
 }
 
-/* The last block of a row of pk_topk2 / pk_topk3 (the slot layout above): the
+/* The last block of a row of topk_onepass / topk_onepass_wide (the slot layout above): the
  * tiles' first bad element, the merge of the R * PK_CAP slots (loaded before the
  * bad-element reduction, so both reads are in flight together), then warp 0
  * forms the exact keys of the K winners (fast rows: from the float the coarse
@@ -447,8 +447,8 @@ DC_FN void pk2_last(
   const u64* rk = cand_key + (i64)row * N;
   const int* ri = cand_id + (i64)row * N;
   /* narrow rows: composite keys (coarse << 32 | ~id), unique; padding (0, -1) -> 0.
-   * 64-bit rows: slots in id order among equal keys (pk_topk2: rank order per
-   * tile; pk_topk3: id order per tile; tiles in id order): the fallback's tie rule. */
+   * 64-bit rows: slots in id order among equal keys (topk_onepass: rank order per
+   * tile; topk_onepass_wide: id order per tile; tiles in id order): the fallback's tie rule. */
   auto comp = [&](u64 k, int id) -> u64 { return narrow ? (k << 32) | (u64)(~(u32)id) : k; };
   u64 c[PK_EPT]; int idv[PK_EPT];
 #pragma unroll
@@ -487,7 +487,7 @@ DC_FN void pk2_last(
   PK_STAMP(6);
 }
 
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -538,3 +538,4 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk2(
 }
 
 #endif
+

@@ -1,17 +1,17 @@
-/* pk_topk4 / pk_topk4w / pk_topk4x: pk_topk3 for 16-bit logits (bfloat16 /
- * float16) on packed keys (included by dyadic_kernels.cu after
- * propose_wide.cuh; uses pk_bound, pk_tile_done, pk_tail, pk2_last,
+/* topk_onepass_packed8k / 16k / 32k: topk_onepass_wide for 16-bit logits (bfloat16 /
+ * float16) on packed keys (after
+ * topk_onepass_wide.cuh; uses pk_bound, pk_tile_done, pk_tail, pk2_last,
  * pw_exact_tile, pw_bits16, pw_key).
  *
- * The grid (R, B), PK_NT threads and candidate slots are pk_topk3's; the
+ * The grid (R, B), PK_NT threads and candidate slots are topk_onepass_wide's; the
  * tiles hold 8192 / 16384 / 32768 ids (16 / 32 / 64 per
  * thread, one pp_kernel<NW> each).  The host launches one of them in
- * pk_topk3's place for bfloat16 / float16 logits without bias whose rows take
+ * topk_onepass_wide's place for bfloat16 / float16 logits without bias whose rows take
  * 16-byte loads (vec: V a multiple of 8, x 16-byte aligned): the smallest tile
  * whose grid fits one wave of two blocks per SM, else the largest
- * (DYADIC_CUDA_PK4 forces one, 0 turns them off).  What differs from
- * pk_topk3 is the tile phase of a fast row (pk_fast_row: the float order key
- * of x ranks as the exact key).  Half of pk_topk3's warp instructions (ncu,
+ * (backends/cuda/cupy/routes.py).  What differs from
+ * topk_onepass_wide is the tile phase of a fast row (pk_fast_row: the float order key
+ * of x ranks as the exact key).  Half of topk_onepass_wide's warp instructions (ncu,
  * B = 64) are in two stretches of its tile phase (per
  * element: the tile bound test, bf16 -> float bits, the bad-value test, the
  * float order key, the running top two); here they run on two elements per
@@ -45,11 +45,11 @@
  * included), so each tile's run is its kk best by (coarse key desc, id asc),
  * and the K best of the row (by exact key desc, id asc: the coarse order) are
  * the K largest composite keys over the runs: pk2_last's K.  Rows that are not
- * fast (T outside pk_fast_row's range) take pk_topk3's exact radix select
+ * fast (T outside pk_fast_row's range) take topk_onepass_wide's exact radix select
  * (pw_exact_tile) and pk2_last, the same code.
  * On the H200 the ranked runs and the merge tree are faster at every batch than
  * unranked survivors in the slots with pk2_last's select over all of them, and
- * pk_topk4* is faster than pk_topk3 and, at B = 1, pk_topk2 (docs/performance.md). */
+ * topk_onepass_packed* is faster than topk_onepass_wide and, at B = 1, topk_onepass (docs/performance.md). */
 #ifndef DYADIC_PROPOSE_PACKED_CUH
 #define DYADIC_PROPOSE_PACKED_CUH
 
@@ -268,7 +268,7 @@ DC_FN void pp_kernel(
     PK_STAMP(3);
     pp_rank_emit(S, kk, ck, ci, ps);
     used = kk;
-  } else {  /* 64-bit keys (T outside the fast range): pk_topk3's exact radix select */
+  } else {  /* 64-bit keys (T outside the fast range): topk_onepass_wide's exact radix select */
     used = pw_exact_tile(x, xdt, bias, bdt, xoff, boff, lo, n, K, T, logits, ck, ci, &mybad, sh);
   }
   if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof,
@@ -282,10 +282,9 @@ DC_FN void pp_kernel(
              kpos, kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
 
-/* The entry points (pk_topk3's parameters, written out: tools/host_overhead_local.py
- * reads kernel signatures from the sources): tiles of PK_NT * 16 / 32 / 64 = 8192 /
- * 16384 / 32768 ids (DYADIC_CUDA_PK4=1 / 2 / 3). */
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4(
+/* The entry points (topk_onepass_wide's parameters, written out): tiles of
+ * PK_NT * 16 / 32 / 64 = 8192 / 16384 / 32768 ids. */
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed8k(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -296,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4(
                 tokens, counts, ids, status, nrows);
 }
 
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed16k(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -307,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4w(
                 tokens, counts, ids, status, nrows);
 }
 
-extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4x(
+extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed32k(
     const void* x, int xdt, const void* bias, int bdt, int bias_rows, const double* temp,
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
@@ -319,3 +318,4 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) pk_topk4x(
 }
 
 #endif
+

@@ -1,14 +1,13 @@
 /* ========================================================================
- * verify, check="lazy", in ONE launch: dc_vfused (in place of dc_vlazy2 +
- * dc_vres2; the same results bit for bit); and, at the end of this file,
- * check=False / True verify without greedy requests in one launch: dc_vone (in
- * place of dc_v1 + dc_v2, from the same tile pass and last block).  Included at the end of
- * dyadic_kernels.cu after verify_lazy.cuh / verify_lazy2.cuh (uses LzShared,
- * lz_tests, lz_walk, lr_find, lr_pick, lr_val, ResRow / res_weight / q_at).
+ * verify, check="lazy", in ONE launch: verify_lazy (and verify_lazy_r64, the
+ * same code at a lower register cap).  Its tile pass and last block also serve
+ * verify_one_launch (verify_one_launch.cuh).  Uses LzShared, lz_tests, lz_walk
+ * (verify_classify.cuh), lr_find, lr_pick, lr_val, ResRow / res_weight / q_at
+ * (verify_common.cuh).
  *
- * dc_vlazy2 needs the exact total T of the residual row before dc_vres2 can
- * select R_v > 0, hence two passes over that row and two launches.  Here one
- * pass does both, because the selection hardly depends on T: for a valid row
+ * Selecting R_v > 0 needs the exact total T of the residual row, which a
+ * straightforward kernel gets from a first pass over the row, so the row would
+ * be read twice.  Here one pass does both, because the selection hardly depends on T: for a valid row
  * T lies in the band [TLO, THI] = [2^62 - 2^52, 2^62 + 2^52], and
  *   sel_T(v) = P_v 2^24 > c_v T  <=>  P_v > floor(c_v T / 2^24)
  * is monotone in T, with floor(c THI / 2^24) = c (2^38 + 2^28) and
@@ -18,13 +17,13 @@
  * every c >= 2^25, an invalid count: decided exactly later).
  *
  * grid (nt, B), 256 threads, tile vt (a multiple of 1024, <= 32768, nt <= VF_MAXT):
- *   1. lz_tests: classify the k tests, candidate rows (as dc_vlazy2).
+ *   1. lz_tests: classify the k tests, candidate rows.
  *   2. for each candidate row i, the block's tile in one pass over P (and the
  *      dense q row / point mass / sparse support; 16-byte loads, 8 lanes per
  *      chunk and 2 loads (8 ids) per lane, when V % 4 == 0 and the rows are
  *      16-byte aligned; else 4-byte loads, a warp per chunk): the split sums of P
  *      and the
- *      validity (dc_vlazy2's row total), and per chunk of VF_CH = 64 ids the
+ *      validity (the row total), and per chunk of VF_CH = 64 ids the
  *      sums over its DEFINITE selected ids, sum P and sum c -> chunk records
  *      (2 x u64) and the tile record (T split sums, bad, sum P, sum c, dirty
  *      chunks); every ambiguous id goes to the row's list (P, id, c; one
@@ -38,7 +37,7 @@
  *      exact T adds (P, c) to its tile and chunk sums (one thread per id), then
  *      every dirty chunk is summed again exactly (warp per tile) and its
  *      record and tile sums are replaced; then one warp draws x below the
- *      total (domain CORRECTION, position + R, index 0: dc_vres2's draw) and
+ *      total (domain CORRECTION, position + R, index 0: verify_residual's draw) and
  *      finds the tile, the chunk and the id (lr_find, lr_find, lr_pick).
  * Exactness: a definite id's selection is the same for the exact T (T is in
  * the band when the row's status is OK; otherwise the request fails closed
@@ -47,9 +46,9 @@
  * lr_val(sum P, sum c, T) = sum of R_v over the chunk; u64 sums are exact
  * (subset sums of a valid row < 2^63; counts < 2^64), the tile corrections
  * wrap mod 2^64 to the exact value.  Hence the tile, chunk and id are those of
- * dc_vres2, and the totals, classes and walk are dc_vlazy2's.
- * Reads: as dc_vlazy2 + dc_vres2 minus the second pass over the residual row
- * (plus, when AMB tests precede the rejection, the q rows of those rows).
+ * the first id whose running residual sum exceeds x, as in verify_residual.
+ * Reads: the k values P(d_i), c_i(d_i), the candidate rows and the residual row
+ * once each (plus, when AMB tests precede the rejection, the q rows of those rows).
  * Scratch: tile records 6 u64 per (request, row, tile); chunk records 2 u64
  * per (request, row, chunk); lists of acap x 2 u64 and their counters per
  * (request, row); one block counter per request.
@@ -63,7 +62,7 @@
 #define VF_TLO24 ((1ull << 38) - (1ull << 28))  /* TLO / 2^24 */
 #define VF_TREC 6                            /* u64 words per tile record */
 
-/* -DDC_PROF: %globaltimer stamps of request 0 in dc_prof[32..63] (tools/gpu_stamps.py):
+/* -DDC_PROF: %globaltimer stamps of request 0 in dc_prof[32..63] (DYADIC_CUDA_PROF=1):
  * 32 + 0..3 tile 0 (start, tests done, tiles done, counter taken), 32 + 8..16 the last
  * block (counter taken, then its end), 32 + 17 its start; 62 the earliest start of any
  * block, 63 the latest arrival at the counter; 81-89 the last block's steps in clock64
@@ -281,7 +280,7 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
 /* Step 3, the last block of request b (see the header): the candidate rows' exact totals
  * and statuses, the walk, the residual row's listed and dirty ids, the draw and the search.
  * s.z holds the tests (lz_tests), key is thread 0's; allrows: every row of the request
- * listed ids (dc_vone), so every row's list counter is reset. */
+ * listed ids (verify_one_launch), so every row's list counter is reset. */
 DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const u32* target,
                    const u32* qc, const int* qi, int W, int k, int V, int nt, u64* tpart,
                    u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
@@ -425,7 +424,7 @@ DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const
   if (dirty) __syncthreads();  /* the block's own global writes: a barrier suffices */
   VF_CLK(5);
   if (wid != 0) return;
-  /* warp 0: the draw (warp 7's Philox blocks, lr_uniform_below) and the search (dc_vres2's) */
+  /* warp 0: the draw (warp 7's Philox blocks, lr_uniform_below) and the search (verify_residual's token) */
   dy_u128 x1, x2;
   const int jt = lr_find([&](int q) { return lr_val(s.tsp[q], s.tsc[q], T, bonus); }, nt, true,
       [&](dy_u128 tot, dy_u128* px) {
@@ -513,10 +512,10 @@ DC_FN void vf_kernel(
 }
 
 /* The kernel at most 80 registers (3 blocks per SM) and at most 64 (4 blocks per SM);
- * ptxas reports a few bytes of spill stores for each.  The host takes dc_vfused_r64
- * when the grid has more blocks than 3 per SM (B = 64 at V = 129280), dc_vfused else:
+ * ptxas reports a few bytes of spill stores for each.  The host takes verify_lazy_r64
+ * when the grid has more blocks than 3 per SM (B = 64 at V = 129280), verify_lazy else:
  * the faster of the two on the H200 in each case (docs/performance.md). */
-extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
+extern "C" __global__ void __launch_bounds__(256, 3) verify_lazy(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
@@ -525,162 +524,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) dc_vfused(
             alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) dc_vfused_r64(
+extern "C" __global__ void __launch_bounds__(256, 4) verify_lazy_r64(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
     int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
   vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
             alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows);
-}
-
-/* ------------------------------------------------------------------------
- * dc_vone: verify with check=False (or True) and no greedy requests in ONE
- * launch, for small batches (in place of dc_v1 + dc_v2; the same results and
- * statuses bit for bit).  dc_vfused's machinery with the full validation:
- * grid (1 + (k+1) nt, B); block 0 of request b runs lz_tests (the classes and
- * the per-draft codes) and stores them (vf_put_tests); block 1 + i nt + t runs
- * vf_tile for row i, tile t, for EVERY row i (tile records: the row's split
- * sums and invalid-value flag; chunk records and ambiguous-id lists as
- * dc_vfused's).  The last of the 1 + (k+1) nt blocks (dc_elect_last) reads the
- * tests back (when it is not block 0) and validates as dc_v1's chain
- * (vchain_body): every row i = 0..k in order (TARGET_INVALID_VALUE, then
- * TARGET_SUM), then the drafts (lz_tests' request code: a draft id outside [0, V),
- * DRAFT_OUT_OF_RANGE, else a q row breaking a Dyadic rule, Q_INVALID), then every
- * draft i = 0..k-1 in order (c_i(d_i) = 0: Q_ZERO_AT_DRAFT, lz_tests' LZ_BAD class;
- * an invalid P(d_i) is already its row's TARGET_INVALID_VALUE); a failing request
- * fails closed.  A
- * valid request then takes vf_last: the walk (lz_walk: the classes where they
- * hold for every valid total, dy_accept with the exact total where not; the
- * same decisions and exhaustion codes as dc_v1's dy_accept) and the residual
- * or bonus draw (dc_vres2's = dc_v2's token).  Reads every row's tile: (k+1)
- * rows of P and k of q per request, as dc_v1 + dc_v2 do; the host takes it
- * while its grid fits one wave (CupyBackend._vone_plan).  k + 1 <= VA_MAXK1.
- * Test scratch (u32 words per request, VA_TZW): P[i] as u64 at 0..2k, then c,
- * d, cls, code at VA_TZ_C / D / CLS / CODE + i, ncand at VA_TZ_N, cand at
- * VA_TZ_CAND, the request code at VA_TZ_RQ.
- * ------------------------------------------------------------------------ */
-#define VA_MAXK1 8
-#define VA_TZW 64
-#define VA_TZ_C 16
-#define VA_TZ_D 24
-#define VA_TZ_CLS 32
-#define VA_TZ_CODE 40
-#define VA_TZ_N 48
-#define VA_TZ_CAND 49
-#define VA_TZ_RQ 60
-
-/* block 0: the tests of s.z into the request's scratch (before dc_elect_last, whose
- * barrier and release fence publish them) */
-DC_FN void vf_put_tests(const LzShared& z, int k, u32* tz) {
-  const int tid = threadIdx.x;
-  if (tid < k) {
-    ((u64*)tz)[tid] = z.P[tid];
-    tz[VA_TZ_C + tid] = z.c[tid]; tz[VA_TZ_D + tid] = (u32)z.d[tid];
-    tz[VA_TZ_CLS + tid] = (u32)z.cls[tid]; tz[VA_TZ_CODE + tid] = (u32)z.code[tid];
-  }
-  if (tid <= k) tz[VA_TZ_CAND + tid] = (u32)z.cand[tid];
-  if (tid == 0) { tz[VA_TZ_N] = (u32)z.ncand; tz[VA_TZ_RQ] = (u32)z.rq; }
-}
-
-/* the last block (not block 0): the tests back into s.z (L2 loads: written by another
- * block of this launch, ordered by dc_elect_last's acquire) */
-DC_FN void vf_get_tests(LzShared& z, int k, const u32* tz) {
-  const int tid = threadIdx.x;
-  if (tid < k) {
-    z.P[tid] = __ldcg(&((const u64*)tz)[tid]);
-    z.c[tid] = __ldcg(&tz[VA_TZ_C + tid]); z.d[tid] = (int)__ldcg(&tz[VA_TZ_D + tid]);
-    z.cls[tid] = (int)__ldcg(&tz[VA_TZ_CLS + tid]); z.code[tid] = (int)__ldcg(&tz[VA_TZ_CODE + tid]);
-  }
-  if (tid <= k) z.cand[tid] = (int)__ldcg(&tz[VA_TZ_CAND + tid]);
-  if (tid == 0) { z.ncand = (int)__ldcg(&tz[VA_TZ_N]); z.rq = (int)__ldcg(&tz[VA_TZ_RQ]); }
-}
-
-/* The last block: dc_v1's validation of request b (see above) from every row's tile
- * records and the tests in s.z; a failing request fails closed here (its outputs, every
- * row's list counter reset).  Returns the code (block-uniform). */
-DC_FN int vf_validate(VfShared& s, int k, int nt, const u64* tpart, u32* acnt, int* accepted,
-                      int* tokens, int* status, int b) {
-  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, k1 = k + 1;
-  for (int i = wid; i < k1; i += 8) {  /* row i's total and invalid-value flag */
-    const ulonglong2* tr = (const ulonglong2*)(tpart + ((i64)b * k1 + i) * nt * VF_TREC);
-    u64 h = 0, l = 0; u32 bd = 0;
-    for (int t = lane; t < nt; t += 32) {
-      const ulonglong2 r0 = __ldcg(&tr[t * (VF_TREC / 2)]), r1 = __ldcg(&tr[t * (VF_TREC / 2) + 1]);
-      h += r0.x; l += r0.y; bd |= (u32)r1.x;
-    }
-    h = warp_sum64(h); l = warp_sum64(l);
-    bd = __any_sync(0xffffffffu, bd != 0);
-    if (lane == 0) {
-      const dy_u128 sum = dy_add128(dy_make128(h >> 32, h << 32), dy_from64(l));
-      int st = DY_ST_OK;
-      if (bd) st = DY_ST_TARGET_INVALID_VALUE;
-      else if (sum.hi || (sum.lo > LZ_ONE ? sum.lo - LZ_ONE : LZ_ONE - sum.lo) > LZ_TOL) st = DY_ST_TARGET_SUM;
-      s.tnd[i] = (u32)st;
-    }
-  }
-  __syncthreads();
-  if (tid == 0) {
-    int code = DY_ST_OK;
-    for (int i = 0; i < k1 && !code; ++i) code = (int)s.tnd[i];
-    if (!code) code = s.z.rq;  /* a draft id outside [0, V), else a q row breaking a rule */
-    for (int i = 0; i < k && !code; ++i)  /* then q_i(d_i) = 0 (a BAD test left) */
-      if (s.z.cls[i] == LZ_BAD) code = s.z.code[i];
-    s.R = code;
-  }
-  __syncthreads();
-  const int code = s.R;
-  if (code) {
-    for (int j = tid; j < k1; j += 256) acnt[(i64)b * k1 + j] = 0;  /* replays start at 0 */
-    if (tid == 0) {
-      status[b] = code; accepted[b] = 0;
-      for (int q = 0; q <= k; ++q) tokens[(i64)b * k1 + q] = -1;
-    }
-  }
-  return code;
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) dc_vone(
-    const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
-    const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, u32* tzs, int vt, int vec, int vec_q, int nrows) {
-  __shared__ VfShared s;
-  const int x = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  if (b >= nrows) return;
-  const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
-  u32* tz = tzs + (i64)b * VA_TZW;
-  VF_PROF_START();
-  DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
-  if (x == 0) {  /* the tests */
-    VF_STAMP(true, 0);
-    if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-    lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
-    vf_put_tests(s.z, k, tz);
-    VF_STAMP(true, 1);
-  } else {  /* row i, tile t: step 2 */
-    const int i = (x - 1) / nt, tile = (x - 1) % nt, lo = tile * vt, hi = min(V, lo + vt);
-    const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
-    const int d = (!bonus && !qc) ? __ldg(&draft[(i64)b * k + i]) : -1;  /* point mass */
-    const i64 row = (i64)b * k1 + i;
-    vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
-            sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
-            d, bonus, lo, hi, rchunk + 2 * row * nch, tpart + (row * nt + tile) * VF_TREC,
-            alist + 2 * row * acap, acnt + row, acap, vec && (!dense || vec_q), s);
-    VF_STAMP(x == 1, 2);
-  }
-  VF_PROF_ARRIVE();
-  const bool last = dc_elect_last(&cnt[b], (u32)(k1 * nt + 1), &s.z.is_last);
-  VF_STAMP(x == 1, 3);
-  if (!last) return;
-  VF_STAMP(true, 8);
-  VF_PROF_LAST();
-  if (x != 0) {
-    if (tid == 0) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-    vf_get_tests(s.z, k, tz);
-    __syncthreads();
-  }
-  if (vf_validate(s, k, nt, tpart, acnt, accepted, tokens, status, b)) return;
-  vf_last(s, key, s.z.ncand, true, target, qc, qi, W, k, V, nt, tpart, rchunk, alist, acnt,
-          acap, accepted, tokens, status, vt, b);
 }

@@ -1,0 +1,40 @@
+"""GPU: CUDA-graph replay device time of backend="cuda" propose top-32 bf16 and verify k=5
+dense (check="lazy" and check=False), V = 129280.
+
+The cases are dyadic/bench/gpu.py's (its inputs, calls and preallocated outputs).  The
+time is the median over 50 replays with the launch queue held while the host enqueues
+each one (``dyadic.bench.timing.held_event_times``): the device alone.  Skipped where
+torch.cuda or the "cuda" backend is unavailable (or "cuda" is not in DYADIC_ASV_BACKENDS).
+"""
+
+import statistics
+
+from .common import BACKENDS, QUICK, require_backend
+
+CASES = ["propose_top32_bf16", "verify_k5_dense_lazy", "verify_k5_dense"]
+BATCHES = [1] if QUICK else [1, 4, 16, 64]
+
+
+class GraphReplay:
+    params = [CASES, BATCHES]
+    param_names = ["case", "batch"]
+    timeout = 300
+
+    def setup(self, case, batch):
+        if "cuda" not in BACKENDS:
+            raise NotImplementedError("backend 'cuda' is not selected (DYADIC_ASV_BACKENDS)")
+        require_backend("cuda")  # NotImplementedError without torch.cuda or the backend
+        from dyadic.bench import gpu
+        from dyadic.bench.timing import capture_graph, held_event_times
+
+        made = {c.name: c for c in gpu.cases(gpu.Inputs(batch))}[case].make()
+        self.replay = capture_graph(made)
+        self.held = held_event_times
+
+    def track_graph_device_seconds(self, case, batch):
+        h = self.held(self.replay, 50)
+        if not h["held"]:
+            raise RuntimeError("the hold ended before the host enqueued the replay")
+        return statistics.median(h["times"])
+
+    track_graph_device_seconds.unit = "seconds"

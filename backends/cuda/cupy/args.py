@@ -1,0 +1,259 @@
+"""Host-side argument handling of the cuda backend: device pointers of torch / CuPy /
+``__cuda_array_interface__`` arrays (NumPy arrays are copied to the device and results
+back), key fields, dtype codes and the structural (shape) rules of verify.
+
+A kernel argument is an 8-byte word: pointers and flags as Python ints, int
+parameters as np.int32 (``I32[v]``)."""
+
+import sys
+
+import numpy as np
+
+from . import runtime
+
+MAX_K_VERIFY = 63  # the verify kernels' largest draft depth
+
+_TENSOR = []  # [torch.Tensor] once torch has been imported by someone
+_TT = type("_NoTensor", (), {})  # torch.Tensor once seen: exact-type checks on the hot path
+
+
+def _is_torch(a):
+    global _TT
+    if not _TENSOR:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _TENSOR.append(torch.Tensor)
+        _TT = torch.Tensor
+    return isinstance(a, _TENSOR[0])
+
+
+DT_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+_DT_NAMES = {}  # torch dtype -> bare name
+_X_CODES = {}  # torch dtype -> np.int32 code (supported float dtypes only)
+
+
+def dtype_name(a):
+    if type(a) is _TT or _is_torch(a):
+        dt = a.dtype
+        name = _DT_NAMES.get(dt)
+        if name is None:
+            name = str(dt).replace("torch.", "")
+            _DT_NAMES[dt] = name
+        return name
+    if hasattr(a, "__cuda_array_interface__") and not hasattr(a, "dtype"):
+        return np.dtype(a.__cuda_array_interface__["typestr"]).name
+    return np.dtype(a.dtype).name
+
+
+def _ptr(a):
+    if type(a) is _TT:
+        return a.data_ptr()
+    if a is None:
+        return 0
+    if _is_torch(a):
+        return a.data_ptr()
+    cp = runtime.cupy()
+    if isinstance(a, cp.ndarray):
+        return a.data.ptr
+    return a.__cuda_array_interface__["data"][0]
+
+
+NULL = 0  # a null pointer word
+NO_KEYS = [NULL] * 4  # key pointers of allocate (no draw)
+
+
+class Int32s(dict):
+    """``I32[v]``: np.int32(v), made once per value (constructing an np.int32 costs
+    ~0.3-0.7 us, a dict lookup ~30 ns; a launch has ~10 such arguments).  Bounded."""
+
+    def __missing__(self, v):
+        if len(self) > 4096:
+            self.clear()
+        i = self[v] = np.int32(v)
+        return i
+
+
+I32 = Int32s()
+
+
+
+
+class Call:
+    """Moves NumPy arguments to the device and results back; device arrays pass through.
+
+    ``call(a)`` is the device pointer of ``a`` as a Python int (a kernel argument: 8
+    bytes; no NumPy scalar per argument), ``NULL`` for None.
+    No __init__ (made per backend call): the lists are made at the first upload."""
+
+    back = keep = ()  # [(device copy, NumPy output)], [device copies] once something moved
+
+    def __call__(self, a, out=False):
+        if type(a) is _TT:  # the hot path: a pointer, nothing else
+            return a.data_ptr()
+        if a is None:
+            return NULL
+        if _is_torch(a):
+            return a.data_ptr()
+        if isinstance(a, np.ndarray):
+            cp = runtime.cupy()
+            d = cp.asarray(a)
+            if not self.keep:
+                self.keep, self.back = [], []
+            self.keep.append(d)
+            if out:
+                self.back.append((d, a))
+            return d.data.ptr
+        return int(_ptr(a))
+
+    def many(self, arrays, out=False):
+        """``tuple(self(a, out) for a in arrays)``; torch tensors and None without a call
+        of ``self`` each (the hot path)."""
+        tt = _TT
+        for a in arrays:
+            if type(a) is not tt and a is not None:
+                return tuple([self(a, out) for a in arrays])
+        return tuple([NULL if a is None else a.data_ptr() for a in arrays])
+
+    def finish(self):
+        if self.back:
+            for d, a in self.back:
+                a[...] = d.get()
+
+
+def _count(a):
+    """The number of entries of a device (or host) array."""
+    shape = getattr(a, "shape", None)
+    if shape is None:
+        shape = a.__cuda_array_interface__["shape"]
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _itemsize(a):
+    if _is_torch(a):
+        return a.element_size()
+    if hasattr(a, "itemsize"):
+        return int(a.itemsize)
+    return np.dtype(a.__cuda_array_interface__["typestr"]).itemsize
+
+
+_KSIZE = {8: 1, 4: 0}  # key word size -> its format bit
+
+
+def keys(call, seed, generation, round_, position, batch):
+    """Pointers and the format word of the four key arrays."""
+    tt = _TT
+    if (type(seed) is tt and type(generation) is tt and type(round_) is tt
+            and type(position) is tt):  # hot path: torch tensors, tested side by side
+        n0, n1, n2, n3 = seed.numel(), generation.numel(), round_.numel(), position.numel()
+        s0, s1, s2, s3 = (seed.element_size(), generation.element_size(),
+                          round_.element_size(), position.element_size())
+        if ((n0 == batch or n0 == 1) and (n1 == batch or n1 == 1) and (n2 == batch or n2 == 1)
+                and (n3 == batch or n3 == 1) and s0 in _KSIZE and s1 in _KSIZE
+                and s2 in _KSIZE and s3 in _KSIZE):
+            one = batch != 1
+            fmt = (_KSIZE[s0] | (2 if one and n0 == 1 else 0)
+                   | (_KSIZE[s1] | (2 if one and n1 == 1 else 0)) << 2
+                   | (_KSIZE[s2] | (2 if one and n2 == 1 else 0)) << 4
+                   | (_KSIZE[s3] | (2 if one and n3 == 1 else 0)) << 6)
+            return ([seed.data_ptr(), generation.data_ptr(), round_.data_ptr(),
+                     position.data_ptr()], fmt)
+    host = [isinstance(a, np.ndarray) for a in (seed, generation, round_, position)]
+    if all(host):
+        packed = np.empty((4, batch), dtype=np.uint64)
+        for j, a in enumerate((seed, generation, round_, position)):
+            packed[j] = a  # cast and broadcast by the assignment (one NumPy call per
+            # field; astype and broadcast_to are much slower)
+        base = call(packed)
+        ptrs = [np.uint64(int(base) + 8 * batch * j) for j in range(4)]
+        return ptrs, 0b01010101
+    ptrs, fmt = [], 0
+    for j, a in enumerate((seed, generation, round_, position)):
+        n = a.numel() if _is_torch(a) else _count(a)
+        if n not in (1, batch):  # the kernels read entry `row` (or 0 when broadcast)
+            raise ValueError(f"keys: {('seed', 'generation', 'round', 'position')[j]} has {n} "
+                             f"entries; expected 1 or the batch {batch}")
+        if _is_torch(a):  # hot path
+            size = a.element_size()
+            f = (1 if size == 8 else 0) | (2 if n == 1 and batch != 1 else 0)
+            if size in (4, 8):
+                fmt |= f << (2 * j)
+                ptrs.append(np.uint64(a.data_ptr()))
+                continue
+        size = _itemsize(a)
+        if size not in (4, 8):
+            raise TypeError(f"keys: device key arrays need 4- or 8-byte integers, got {size} bytes")
+        f = (1 if size == 8 else 0) | (2 if n == 1 and batch != 1 else 0)
+        fmt |= f << (2 * j)
+        ptrs.append(call(a))
+    return ptrs, fmt
+
+
+def x_code(x):
+    if type(x) is _TT:
+        code = _X_CODES.get(x.dtype)
+        if code is not None:
+            return code
+    name = dtype_name(x)
+    if name not in DT_CODES:
+        raise TypeError(f"x: dtype {name} not supported; expected float32, float16 or bfloat16")
+    if type(x) is _TT:
+        _X_CODES[x.dtype] = np.int32(DT_CODES[name])
+    return np.int32(DT_CODES[name])
+
+
+def verify_setup(target, q_counts, seed, generation, round, position, ins, outs):
+    """What every verify launch starts with: (batch, k, V, q width, the Call, key pointers,
+    key format, the pointers of ``ins``, the pointers of ``outs``); drafts deeper than the
+    kernels take are refused here, and so is every shape the kernels would index beyond
+    (verify_shapes: ``ins`` = target, draft, q counts, q ids[, greedy], ``outs`` =
+    accepted, tokens, status)."""
+    batch, k1, v = target.shape  # Python ints (torch.Size, NumPy and CuPy shapes)
+    k = k1 - 1
+    if k > MAX_K_VERIFY:
+        raise ValueError(f"draft: backend 'cuda' verifies at most {MAX_K_VERIFY} draft "
+                         f"tokens per request, got k={k}")
+    verify_shapes(batch, k, v, ins, outs)
+    call = Call()
+    w = 0 if q_counts is None else int(q_counts.shape[-1])
+    kptrs, kfmt = keys(call, seed, generation, round, position, batch)
+    return batch, k, v, w, call, kptrs, kfmt, call.many(ins), call.many(outs, True)
+
+
+def shape_of(a):
+    if a is None:
+        return None
+    sh = getattr(a, "shape", None)
+    return tuple(a.__cuda_array_interface__["shape"]) if sh is None else tuple(sh)
+
+
+def verify_shapes(batch, k, v, ins, outs):
+    """verify's structural rules on the arrays the kernels index (ValueError naming the
+    array): draft [B, k]; q counts [B, k, W] with ids of the same shape, or a dense row
+    of V counts (W = V: the kernels read a dense row at ids < V only); greedy flags [B];
+    accepted [B], tokens [B, k+1], status [B].  The kernels' own checks cover the
+    values (draft ids, sparse q rows)."""
+    qc, qi = ins[2], ins[3]
+    for name, a, shape in (("draft", ins[1], (batch, k)), ("accepted", outs[0], (batch,)),
+                           ("tokens", outs[1], (batch, k + 1)), ("status", outs[2], (batch,)),
+                           ("greedy", ins[4] if len(ins) > 4 else None, (batch,))):
+        if (a is not None or name != "greedy") and shape_of(a) != shape:
+            raise ValueError(f"{name}: shape {shape_of(a)} must be {shape}")
+    if qc is None:
+        if qi is not None:
+            raise ValueError("q_ids: given without q_counts")
+        return
+    sc = shape_of(qc)
+    if len(sc) != 3 or sc[:2] != (batch, k):
+        raise ValueError(f"q_counts: shape {sc} must be (B, k, W) = ({batch}, {k}, W)")
+    if qi is None:
+        if sc[2] != v:
+            raise ValueError(f"q_counts: a dense q row has {sc[2]} counts; it must have the "
+                             f"target's vocabulary V = {v}")
+    elif shape_of(qi) != sc:
+        raise ValueError(f"q_ids: shape {shape_of(qi)} must be q_counts' {sc}")
+
+

@@ -1,0 +1,343 @@
+"""Launch plans of the cuda backend: the one cache every launch goes through.
+
+A plan is made once per launch configuration (device, shapes, dtypes, the route of
+routes.py) and holds the kernels, grids, scratch buffers and every fixed argument word,
+packed once into argument slots (launch.Bound).  A call writes only its per-call words
+(pointers of its arrays, the key format, the 16-byte-load flags) and launches.  The
+CupyBackend methods find their plan with ``get(key, make)``; there is no other launch
+path.
+
+Kernel parameter lists are those of backends/cuda/kernels/*.cuh, in order.
+"""
+
+import numpy as np
+
+from . import launch, routes, runtime
+from .args import I32, NULL
+
+PLANS = {}  # launch configuration -> plan
+MAX_PLANS = 1024  # cleared when full (a plan is rebuilt in microseconds)
+
+_VAR = launch.Var
+
+
+def get(key, make, *args):
+    """The plan of ``key`` (a tuple led by the device id), made by ``make(*args)`` on
+    first use."""
+    plan = PLANS.get(key)
+    if plan is None:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        plan = PLANS[key] = make(*args)
+    return plan
+
+
+class _Launch:
+    """One kernel launch with fixed words and the per-call words ``names`` (launch.Var):
+    ``go(values)`` writes ``values`` (in the order of ``names``; a name the kernel does
+    not take is skipped) and launches on the current stream."""
+
+    __slots__ = ("bound", "go", "buffers")
+
+    def __init__(self, kernel, grid, block, args, names, buffers=()):
+        self.bound = b = launch.Bound(kernel, grid, block, args)
+        self.buffers = buffers  # the scratch arrays behind fixed pointer words, kept alive
+        # go() written out for these slots: one store per per-call word, no loop
+        stores = "".join(f"    w[{b.pos[n]}] = v[{j}]\n" for j, n in enumerate(names)
+                         if n in b.pos)
+        ns = {"take": b.take, "launch": b.launch}
+        exec(f"def go(v):\n    s = take()\n    w = s.w\n{stores}    launch(s)\n", ns)
+        self.go = ns["go"]
+
+
+def _ptrs(bufs):
+    return tuple(int(b.data.ptr) for b in bufs)
+
+
+# --- allocate / propose ----------------------------------------------------------------
+_ALLOC_NAMES = ("x", "bias", "temp", "key0", "key1", "key2", "key3", "kfmt", "tokens",
+                "counts", "ids", "status", "vec", "cvec")
+_KEYVARS = tuple(_VAR("key%d" % i) for i in range(4))
+_KFMT = _VAR("kfmt", np.int32)
+
+
+def _row_inputs(x_code, bias_code, bias_rows, logits, greedy_ok, v, has_bias):
+    """The per-row input words (RowIn of common.cuh): x, its dtype code, bias, its code
+    and rows, temperature, logits, greedy_ok, V."""
+    return (_VAR("x"), I32[x_code], _VAR("bias") if has_bias else NULL, I32[bias_code],
+            I32[bias_rows], _VAR("temp"), I32[int(logits)], I32[int(greedy_ok)], I32[v])
+
+
+class OnePassTopK:
+    """topk_onepass / topk_onepass_wide / topk_onepass_packed*: one launch, grid (R, B),
+    the last block of a row merges the tiles' candidates, allocates and draws."""
+
+    def __init__(self, route, batch, v, k, x_code, bias_code, bias_rows, logits, greedy_ok,
+                 policy, do_draw):
+        wide = route == "wide"
+        self.wide, self.v, self.x16 = wide, v, x_code != 0
+        tile = routes.onepass_tile(route, v)
+        r = -(-v // tile)
+        bufs = (runtime.scratch("pk_cand_key", 8 * batch * r * routes.ONEPASS_CAP),
+                runtime.scratch("pk_cand_id", 4 * batch * r * routes.ONEPASS_CAP),
+                runtime.scratch("pk_blk_bad", 8 * batch * r),
+                runtime.scratch("pk_counters", 4 * batch))
+        common = _row_inputs(x_code, bias_code, bias_rows, logits, greedy_ok, v,
+                             bias_code or bias_rows)
+        outs = tuple(_VAR(n) for n in ("tokens", "counts", "ids", "status"))
+
+        def make(name, r, tile, vec):
+            args = (common + (I32[k], np.int32(r), np.int32(tile), I32[policy], I32[do_draw],
+                              *_KEYVARS, _KFMT) + _ptrs(bufs) + outs
+                    + ((I32[int(vec)],) if wide else ()) + (I32[batch],))
+            return _Launch(runtime.kernel(name), routes.rgrid(r, batch),
+                           (routes.ONEPASS_THREADS,), args, _ALLOC_NAMES, bufs)
+
+        name = "topk_onepass_wide" if wide else "topk_onepass"
+        self.plain = make(name, r, tile, False)
+        self.aligned = self.plain
+        # 16-byte loads: x 16-byte aligned (checked per call) and V a multiple of 8 ids
+        # (4 for float32); 16-bit logits without bias then take the packed kernels
+        self.vec_ok = wide and v % (4 if x_code == 0 else 8) == 0
+        if self.vec_ok:
+            if self.x16 and not (bias_code or bias_rows) and logits:
+                i = routes.packed_choice(batch, v, runtime.num_sms())
+                tile_p = routes.PACKED_TILES[i]
+                self.aligned = make(routes.PACKED_KERNELS[i], -(-v // tile_p), tile_p, True)
+            else:
+                self.aligned = make(name, r, tile, True)
+
+    def launch(self, x, bias, temp, kptrs, kfmt, outs):
+        vec = self.vec_ok and x % 16 == 0
+        (self.aligned if vec else self.plain).go((x, bias, temp, *kptrs, kfmt, *outs, vec))
+
+
+class SelectTopK:
+    """topk_select (top_k > 32): grid (ceil(V / 2048), B), per-tile radix select or
+    rank counting, the last block of a row merges, allocates and draws."""
+
+    def __init__(self, batch, v, k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
+                 do_draw):
+        kc = min(k, routes.SELECT_TILE)
+        nt = -(-v // routes.SELECT_TILE)
+        n = batch * nt * kc
+        bufs = (runtime.scratch("cand_key", 8 * n), runtime.scratch("cand_id", 4 * n),
+                runtime.scratch("tile_bad", 8 * batch * nt), runtime.scratch("counters", 4 * batch),
+                runtime.scratch("sup_id", 4 * batch * k), runtime.scratch("sup_key", 8 * batch * k),
+                runtime.scratch("sup_rem", 8 * batch * k), runtime.scratch("sup_cnt", 4 * batch * k))
+        rank = routes.select_rank_counting(k, batch)
+        args = (_row_inputs(x_code, bias_code, bias_rows, logits, greedy_ok, v,
+                            bias_code or bias_rows)
+                + (I32[k], I32[kc], I32[nt], I32[policy], I32[do_draw], I32[2 if rank else 0],
+                   *_KEYVARS, _KFMT) + _ptrs(bufs)
+                + tuple(_VAR(n) for n in ("tokens", "counts", "ids", "status")) + (I32[batch],))
+        self.run = _Launch(runtime.kernel("topk_select"), routes.rgrid(nt, batch), (256,), args,
+                           _ALLOC_NAMES, bufs)
+
+    def launch(self, x, bias, temp, kptrs, kfmt, outs):
+        self.run.go((x, bias, temp, *kptrs, kfmt, *outs))
+
+
+# dense_* state sizes (DA_RS / DA_CAP / DA_NB of dense.cuh)
+_DA_RS, _DA_CAP, _DA_NB = 144, 2048, 2048
+
+
+class Dense:
+    """dense_max, dense_sum, dense_floor, dense_mark (grid (tiles, B): exact integer
+    atomics into a per-row state that dense_mark's last block zeroes), then draw_rows
+    for propose.  The state is zero between calls (no memset): graph-capturable."""
+
+    def __init__(self, batch, v, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
+                 do_draw):
+        dt = routes.dense_tile(v, batch, runtime.num_sms())
+        nt = -(-v // dt)
+        bufs = (runtime.scratch("da_state", 8 * batch * _DA_RS),
+                runtime.scratch("da_cand_r", 8 * batch * _DA_CAP),
+                runtime.scratch("da_cand_i", 4 * batch * _DA_CAP),
+                runtime.scratch("da_fine", 4 * batch * nt * _DA_NB))
+        state, cand_r, cand_i, fine = _ptrs(bufs)
+        base = _row_inputs(x_code, bias_code, bias_rows, logits, greedy_ok, v,
+                           bias_code or bias_rows) + (np.int32(dt), _VAR("vec", np.int32))
+        pol, rows = I32[policy], I32[batch]
+        grid = routes.rgrid(nt, batch)
+        self.x16, self.v = x_code != 0, v
+        self.steps = tuple(_Launch(runtime.kernel(name), grid, (256,), base + tail, _ALLOC_NAMES,
+                                   bufs) for name, tail in (
+            ("dense_max", (state, rows)), ("dense_sum", (state, rows)),
+            ("dense_floor", (pol, fine, state, rows)),
+            ("dense_mark", (pol, state, cand_r, cand_i, _VAR("counts"), _VAR("cvec", np.int32),
+                            _VAR("status"), rows))))
+        self.draw = None
+        if do_draw:
+            self.draw = _Launch(runtime.kernel("draw_rows"), (batch,), (256,),
+                                (_VAR("counts"), NULL, I32[v], *_KEYVARS, _KFMT,
+                                 _VAR("tokens")), _ALLOC_NAMES)
+
+    def launch(self, x, bias, temp, kptrs, kfmt, outs):
+        tokens, counts, ids, status = outs
+        v = self.v
+        vec = not self.x16 and v % 4 == 0 and x % 16 == 0  # 16-byte loads of float32 x
+        cvec = v % 4 == 0 and counts % 16 == 0  # 16-byte stores of the counts
+        values = (x, bias, temp, *kptrs, kfmt, tokens, counts, ids, status, vec, cvec)
+        for step in self.steps:
+            step.go(values)
+        if self.draw is not None:
+            self.draw.go(values)
+
+
+def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
+               do_draw):
+    """The plan of an allocate (do_draw 0, greedy_ok 0) or propose (1, 1)."""
+    key = ("alloc", dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, policy,
+           do_draw)
+    plan = PLANS.get(key)
+    if plan is None:
+        has_bias = bool(bias_code or bias_rows)
+        route = routes.alloc_route(top_k, batch, v, has_bias and logits,
+                                   not has_bias and logits and x_code != 0)
+        if route == "dense":
+            make, args = Dense, (batch, v, x_code, bias_code, bias_rows, logits, greedy_ok,
+                                 policy, do_draw)
+        elif route == "select":
+            make, args = SelectTopK, (batch, v, top_k, x_code, bias_code, bias_rows, logits,
+                                      greedy_ok, policy, do_draw)
+        else:
+            make, args = OnePassTopK, (route, batch, v, top_k, x_code, bias_code, bias_rows,
+                                       logits, greedy_ok, policy, do_draw)
+        plan = get(key, make, *args)
+    return plan
+
+
+# --- draw ------------------------------------------------------------------------------
+class Draw:
+    """draw_rows: one block per row; counts [B, W], ids [B, W] or null."""
+
+    _NAMES = ("counts", "ids", "key0", "key1", "key2", "key3", "kfmt", "tokens")
+
+    def __init__(self, batch, w):
+        self.run = _Launch(runtime.kernel("draw_rows"), (batch,), (256,),
+                           (_VAR("counts"), _VAR("ids"), I32[w], *_KEYVARS, _KFMT,
+                            _VAR("tokens")), self._NAMES)
+
+    def launch(self, counts, ids, kptrs, kfmt, tokens):
+        self.run.go((counts, ids, *kptrs, kfmt, tokens))
+
+
+def draw_plan(dev, batch, w):
+    key = ("draw", dev, batch, w)
+    plan = PLANS.get(key)
+    return plan if plan is not None else get(key, Draw, batch, w)
+
+
+# --- verify ----------------------------------------------------------------------------
+_VERIFY_NAMES = ("t", "d", "qc", "qi", "g", "key0", "key1", "key2", "key3", "kfmt", "a", "tk",
+                 "st", "vec", "vec_q")
+_VIN = tuple(_VAR(n) for n in ("t", "d", "qc", "qi"))
+_VOUT = tuple(_VAR(n) for n in ("a", "tk", "st"))
+_VVEC, _VVECQ = _VAR("vec", np.int32), _VAR("vec_q", np.int32)
+
+
+class TwoLaunchVerify:
+    """verify_chain (per (row, tile) sums; the last block of a request validates and walks
+    the chain) then verify_residual (the residual or bonus draw over many blocks)."""
+
+    def __init__(self, batch, k1, v, w, nsm, greedy):
+        rows, k = batch * k1, k1 - 1
+        vt, rt = routes.chain_tiles(v, batch, k1, nsm)
+        nt1, nrt = -(-v // vt), -(-v // rt)
+        bufs = (runtime.scratch("part_lo", 8 * rows * nt1), runtime.scratch("part_hi", 8 * rows * nt1),
+                runtime.scratch("part_max", 8 * rows * nt1), runtime.scratch("part_bad", 4 * rows * nt1),
+                runtime.scratch("res_row", 4 * batch), runtime.scratch("res_T", 8 * batch),
+                runtime.scratch("rpart", 16 * batch * nrt), runtime.scratch("vcnt", 4 * batch),
+                runtime.scratch("rcnt", 4 * batch))
+        plo, phi, pmax, pbad, res_row, res_t, rpart, vcnt, rcnt = _ptrs(bufs)
+        w32, k32, v32 = I32[w], I32[k], I32[v]
+        self.v = v
+        # greedy flags (uint8 [B]) per call, or zero flags (a scratch buffer nothing writes)
+        self.no_flags = None if greedy else runtime.scratch("no_greedy_flags", batch)
+        flags = _VAR("g") if greedy else int(self.no_flags.data.ptr)
+        self.chain = _Launch(runtime.kernel("verify_chain"), routes.rgrid(nt1, rows), (256,), (
+            *_VIN, w32, flags, I32[batch], k32, v32, np.int32(nt1), plo, phi, pmax, pbad,
+            *_KEYVARS, _KFMT, res_row, res_t, *_VOUT, vcnt, np.int32(vt), _VVEC),
+            _VERIFY_NAMES, bufs)
+        self.residual = _Launch(runtime.kernel("verify_residual"), routes.rgrid(nrt, batch),
+                                (256,), (*_VIN, w32, k32, v32, np.int32(nrt), *_KEYVARS, _KFMT,
+                                         res_row, res_t, rpart, *_VOUT, rcnt, np.int32(rt),
+                                         _VVEC, _VVECQ, I32[batch]), _VERIFY_NAMES)
+
+    def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+        v = self.v
+        vec_t = v % 4 == 0 and t % 16 == 0
+        vec_q = bool(qc) and not qi and v % 4 == 0 and qc % 16 == 0
+        values = (t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec_t, vec_q)
+        self.chain.go(values)
+        self.residual.go(values)
+
+
+def _row_lists(batch, k1, nt, v):
+    """verify_lazy's / verify_one_launch's per-row scratch: tile records (6 u64 per
+    request, row and tile), 64-id chunk records, the ambiguous-id lists and counters."""
+    return (runtime.scratch("vf_tpart", 8 * 6 * batch * k1 * nt),
+            runtime.scratch("vf_rchunk", 16 * batch * k1 * ((v + 63) // 64)),
+            runtime.scratch("vf_alist", 16 * batch * k1 * min(routes.LAZY_LIST_CAP, v)),
+            runtime.scratch("vf_acnt", 4 * batch * k1))
+
+
+class _OneKernelVerify:
+    """Shared by LazyVerify and OneLaunchVerify: one launch, 16-byte loads of the target
+    rows (and of dense q rows) where aligned."""
+
+    def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+        vec = self.v4 and t % 16 == 0
+        vec_q = vec and bool(qc) and not qi and qc % 16 == 0
+        self.run.go((t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec, vec_q))
+
+
+class LazyVerify(_OneKernelVerify):
+    """verify_lazy / verify_lazy_r64 (check="lazy"): the tests, the candidate rows' totals
+    and chunk sums, the walk and the residual / bonus draw in one launch."""
+
+    def __init__(self, batch, k1, v, w, nsm, greedy=False):
+        vt = routes.lazy_tile(v, batch, nsm)
+        nt = -(-v // vt)
+        bufs = _row_lists(batch, k1, nt, v) + (runtime.scratch("vf_cnt", 4 * batch),)
+        self.v4 = v % 4 == 0
+        self.run = _Launch(runtime.kernel(routes.lazy_kernel(nt, batch, nsm)),
+                           routes.rgrid(nt, batch), (256,), (
+            *_VIN, I32[w], I32[k1 - 1], I32[v], I32[nt], *_KEYVARS, _KFMT, *_ptrs(bufs[:4]),
+            I32[min(routes.LAZY_LIST_CAP, v)], *_VOUT, _ptrs(bufs[4:])[0], I32[vt],
+            I32[int(batch <= routes.LAZY_PREFETCH_MAX_BATCH)], _VVEC, _VVECQ, I32[batch]),
+            _VERIFY_NAMES, bufs)
+
+
+class OneLaunchVerify(_OneKernelVerify):
+    """verify_one_launch (check=False / True, no greedy request): the tests in block 0 of
+    each request, every row's tiles, the full validation, the walk and the draw."""
+
+    def __init__(self, batch, k1, v, w, nsm, greedy=False):
+        vt = routes.one_launch_tile(v, batch, k1, nsm)
+        nt = -(-v // vt)
+        bufs = _row_lists(batch, k1, nt, v) + (runtime.scratch("vone_cnt", 4 * batch),
+                                               runtime.scratch("vone_tests", 4 * 64 * batch))
+        cnt, tz = _ptrs(bufs[4:])
+        self.v4 = v % 4 == 0
+        self.run = _Launch(runtime.kernel("verify_one_launch"), routes.rgrid(1 + k1 * nt, batch),
+                           (256,), (
+            *_VIN, I32[w], I32[k1 - 1], I32[v], I32[nt], *_KEYVARS, _KFMT, *_ptrs(bufs[:4]),
+            I32[min(routes.LAZY_LIST_CAP, v)], *_VOUT, cnt, tz, I32[vt], _VVEC, _VVECQ,
+            I32[batch]), _VERIFY_NAMES, bufs)
+
+
+_VERIFY_KINDS = {"lazy": LazyVerify, "one_launch": OneLaunchVerify,
+                 "two_launch": TwoLaunchVerify}
+
+
+def verify_plan(dev, batch, k1, v, w, greedy, lazy):
+    """The plan of a verify call (``greedy``: greedy flags given; ``lazy``: check="lazy")."""
+    key = ("verify", dev, batch, k1, v, w, greedy, lazy)
+    plan = PLANS.get(key)
+    if plan is None:
+        nsm = runtime.num_sms()
+        route = routes.verify_route(batch, k1, v, nsm, greedy, lazy)
+        plan = get(key, _VERIFY_KINDS[route], batch, k1, v, w, nsm, greedy)
+    return plan

@@ -1,0 +1,222 @@
+"""Which kernels serve a call, and their tiles: pure functions of the call's shape.
+
+Every function here depends only on its arguments (the number of SMs is one), so the
+routing table is testable without a GPU (tests/gpu/test_cuda_routes.py) and the same
+configuration always takes the same kernels.  Results never depend on the route: every
+route computes the reference's integers bit for bit (tests/gpu/test_gpu_parity.py);
+the routes differ only in speed.  docs/architecture.md gives the table in prose.
+
+Routes (kernel names of backends/cuda/kernels/):
+
+- top-k allocate / propose, top_k <= ONEPASS_MAX_K: one launch of ``topk_onepass``
+  (tiles of 4096 ids) where its grid is small or a bias is added to logits, else
+  ``topk_onepass_wide`` (tiles of up to 8192 ids); for bfloat16 / float16 logits
+  without bias on 16-byte loads ``topk_onepass_packed8k / 16k / 32k`` in the wide
+  kernel's place.  top_k > ONEPASS_MAX_K: ``topk_select``.
+- dense allocate / propose: ``dense_max``, ``dense_sum``, ``dense_floor``,
+  ``dense_mark`` (then ``draw_rows`` for propose).
+- draw: ``draw_rows``.
+- verify (check=False / True) without greedy requests: ``verify_one_launch`` where
+  its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
+  greedy requests always the two launches.
+- verify, check="lazy", without greedy requests: ``verify_lazy`` (``verify_lazy_r64``
+  when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
+  check=False route (the contract allows it: results on valid input are identical).
+"""
+
+# --- top-k -----------------------------------------------------------------------------
+#: top_k up to this takes the one-launch kernels (their per-lane support of a warp).
+ONEPASS_MAX_K = 32
+#: threads of a one-pass block, ids per thread of topk_onepass / topk_onepass_wide
+#: (PK_NT, PK_EPT, PW_EPT of topk_onepass*.cuh).
+ONEPASS_THREADS = 512
+ONEPASS_EPT = 8
+WIDE_EPT = 16
+#: candidate slots per tile (PK_CAP): a row's R tiles give R * 128 candidates, which the
+#: last block merges from shared memory (at most ONEPASS_THREADS * ONEPASS_EPT).
+ONEPASS_CAP = 128
+#: grids of at most this many blocks take topk_onepass (B = 1 at V = 129280: 32 tiles);
+#: larger grids take the wide kernel, whose halved tile count is faster there.
+ONEPASS_SMALL_GRID = 32
+#: the packed kernels' tiles; the smallest whose grid fits one wave of 2 blocks per SM
+#: is taken, else the largest.
+PACKED_TILES = (8192, 16384, 32768)
+PACKED_KERNELS = ("topk_onepass_packed8k", "topk_onepass_packed16k", "topk_onepass_packed32k")
+#: topk_select: tiles of 2048 ids; rank counting (top_k <= 64) up to batch 16, radix
+#: select above (the faster of the two at each batch on the H200; the same results).
+SELECT_TILE = 2048
+SELECT_RANK_MAX_K = 64
+SELECT_RANK_MAX_BATCH = 16
+
+# --- verify ----------------------------------------------------------------------------
+#: the one-launch verify kernels' tile records hold at most 128 tiles of at most 32768 ids.
+LAZY_MAX_V = 128 * 32768
+#: verify_one_launch takes k + 1 <= 8 rows per request (VA_MAXK1 of its kernel).
+ONE_LAUNCH_MAX_K1 = 8
+#: verify_one_launch's own tiles are used up to this size; beyond, verify_lazy's tiles
+#: while B x (k + 1) x V <= ONE_LAUNCH_MAX_ELEMENTS (it reads every q row too: from about
+#: B = 32 at k = 5, V = 129280 the two launches are faster).
+ONE_LAUNCH_MAX_TILE = 8192
+ONE_LAUNCH_MAX_ELEMENTS = 32 * 6 * 129280
+#: verify_lazy's tiles: about 3 blocks per SM over the whole grid (one wave at the
+#: kernel's register cap), at least 2048 ids (fewer tile records for the last block at
+#: B = 1), at most 16384 (the fastest cap at B = 64).
+LAZY_BLOCKS_PER_SM = 3
+LAZY_MIN_TILE = 2048
+LAZY_MAX_TILE = 16384
+#: batches up to this prefetch the first tile of row 0 in verify_lazy.
+LAZY_PREFETCH_MAX_BATCH = 16
+#: entries of a row's list of ids whose selection needs the exact total (more: their
+#: 64-id chunks are summed again in full; the results do not depend on it).
+LAZY_LIST_CAP = 2048
+#: verify_chain / verify_residual tiles: >= ~4 blocks per SM, at most 16384 / 8192 ids.
+CHAIN_MAX_TILE = 16384
+RESIDUAL_MAX_TILE = 8192
+
+#: the largest grid y and z dimension.
+GRID_YZ = 65535
+
+
+def rgrid(nx, rows):
+    """The grid (nx, y, z) of a kernel with one row (request) per grid y index and nx
+    blocks per row: rows over y and z (each at most 65535; dc_grid_row in the kernels),
+    z = ceil(rows / 65535), y = ceil(rows / z): the y * z - rows < z extra blocks of each
+    x end at once (the kernel's row count argument)."""
+    if rows <= GRID_YZ:
+        return (nx, rows, 1)
+    z = -(-rows // GRID_YZ)
+    return (nx, -(-rows // z), z)
+
+
+def tile_for(v, rows, nsm, cap, per_sm=4):
+    """A tile length (a multiple of 1024, at most ``cap``) giving ~``per_sm`` blocks per
+    SM over ``rows`` rows of ``v`` ids."""
+    want = max(1, int(-(-per_sm * nsm // max(rows, 1))))
+    t = -(-v // want)
+    t = -(-t // 1024) * 1024
+    return max(1024, min(cap, t))
+
+
+# --- allocate / propose ----------------------------------------------------------------
+def alloc_route(top_k, batch, v, bias_on_logits, packed16):
+    """The kernel family of an allocate / propose: "onepass", "wide", "select" or
+    "dense".  ``bias_on_logits``: a bias is added to logits (topk_onepass_wide reads no
+    bias); ``packed16``: 16-bit logits without bias (the wide kernels at every batch,
+    where the packed kernels take over)."""
+    if not top_k:
+        return "dense"
+    if top_k > ONEPASS_MAX_K:
+        return "select"
+    tiles = -(-v // (ONEPASS_THREADS * ONEPASS_EPT))
+    wide_fits = -(-v // (ONEPASS_THREADS * WIDE_EPT)) * ONEPASS_CAP <= ONEPASS_THREADS * ONEPASS_EPT
+    if (not bias_on_logits and (batch * tiles > ONEPASS_SMALL_GRID or packed16) and wide_fits):
+        return "wide"
+    if tiles * ONEPASS_CAP <= ONEPASS_THREADS * ONEPASS_EPT:
+        return "onepass"
+    return "select"
+
+
+def onepass_tile(route, v):
+    """The tile length of topk_onepass ("onepass") or topk_onepass_wide ("wide")."""
+    if route == "onepass":
+        return ONEPASS_THREADS * ONEPASS_EPT
+    return ONEPASS_THREADS * WIDE_EPT
+
+
+def packed_choice(batch, v, nsm):
+    """The index into PACKED_TILES / PACKED_KERNELS of the packed kernel taken: the
+    smallest tile whose grid fits one wave of 2 blocks per SM, else the largest."""
+    for i, tile in enumerate(PACKED_TILES):
+        if -(-v // tile) * batch <= 2 * nsm:
+            return i
+    return len(PACKED_TILES) - 1
+
+
+def select_rank_counting(top_k, batch):
+    """True where topk_select ranks by counting (else radix select)."""
+    return top_k <= SELECT_RANK_MAX_K and batch <= SELECT_RANK_MAX_BATCH
+
+
+def dense_tile(v, batch, nsm):
+    """The dense kernels' tile: one wave of <= 4 blocks per SM (64 registers each)."""
+    want = max(1, (4 * nsm) // max(batch, 1))
+    dt = -(-v // want)
+    return max(1024, -(-dt // 1024) * 1024)
+
+
+# --- verify ----------------------------------------------------------------------------
+def verify_route(batch, k1, v, nsm, greedy, lazy):
+    """The verify kernels of a call: "lazy" (verify_lazy / _r64), "one_launch" or
+    "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given."""
+    if greedy:
+        return "two_launch"
+    if lazy and v <= LAZY_MAX_V:
+        return "lazy"
+    return "one_launch" if one_launch_tile(v, batch, k1, nsm) else "two_launch"
+
+
+def lazy_tile(v, batch, nsm):
+    """verify_lazy's tile length: about LAZY_BLOCKS_PER_SM blocks per SM, at least
+    LAZY_MIN_TILE ids, at most LAZY_MAX_TILE, and at most 128 tiles per row."""
+    return max(LAZY_MIN_TILE, tile_for(v, batch, nsm, LAZY_MAX_TILE, LAZY_BLOCKS_PER_SM),
+               -(-v // (128 * 1024)) * 1024)
+
+
+def lazy_kernel(ntiles, batch, nsm):
+    """verify_lazy (80 registers, 3 blocks per SM) while its grid fits one wave at 3
+    blocks per SM, else verify_lazy_r64 (64 registers, 4 blocks per SM): each the faster
+    of the two where it is taken."""
+    return "verify_lazy_r64" if ntiles * batch > 3 * nsm else "verify_lazy"
+
+
+def one_launch_tile(v, batch, k1, nsm):
+    """verify_one_launch's tile length, or 0 where the two launches are taken: the most
+    tiles per row, of at least LAZY_MIN_TILE ids, with 1 + (k + 1) x tiles blocks per
+    request within one wave at 3 blocks per SM, if that makes tiles of at most
+    ONE_LAUNCH_MAX_TILE ids; else verify_lazy's tiles while B x (k + 1) x V <=
+    ONE_LAUNCH_MAX_ELEMENTS."""
+    if k1 > ONE_LAUNCH_MAX_K1 or v > LAZY_MAX_V:
+        return 0
+    per_row = (3 * nsm // batch - 1) // k1
+    if per_row >= 1:
+        nt = min(-(-v // LAZY_MIN_TILE), per_row, 128)
+        vt = -(-(-(-v // nt)) // 1024) * 1024
+        if vt <= ONE_LAUNCH_MAX_TILE:
+            return vt
+    return lazy_tile(v, batch, nsm) if batch * k1 * v <= ONE_LAUNCH_MAX_ELEMENTS else 0
+
+
+def chain_tiles(v, batch, k1, nsm):
+    """(verify_chain's tile, verify_residual's tile)."""
+    return (tile_for(v, batch * k1, nsm, CHAIN_MAX_TILE),
+            tile_for(v, batch, nsm, RESIDUAL_MAX_TILE))
+
+
+def kernel_names(primitive, **shape):
+    """The kernels a call launches, in order (the routing table): ``primitive`` one of
+    "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
+    (16-bit logits), bias, aligned (16-byte aligned x with V a multiple of 8) for
+    allocate / propose; k1, greedy, lazy for verify."""
+    b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
+    if primitive == "draw":
+        return ("draw_rows",)
+    if primitive in ("allocate", "propose"):
+        logits = primitive == "propose" or shape.get("logits", False)
+        bias, x16 = shape.get("bias", False), shape.get("x16", False)
+        route = alloc_route(shape.get("top_k") or 0, b, v, bias and logits,
+                            not bias and logits and x16)
+        if route == "dense":
+            names = ("dense_max", "dense_sum", "dense_floor", "dense_mark")
+            return names + (("draw_rows",) if primitive == "propose" else ())
+        if route == "select":
+            return ("topk_select",)
+        if route == "wide" and x16 and not bias and logits and shape.get("aligned", True):
+            return (PACKED_KERNELS[packed_choice(b, v, nsm)],)
+        return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
+    route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
+                         shape.get("lazy", False))
+    if route == "lazy":
+        return (lazy_kernel(-(-v // lazy_tile(v, b, nsm)), b, nsm),)
+    if route == "one_launch":
+        return ("verify_one_launch",)
+    return ("verify_chain", "verify_residual")

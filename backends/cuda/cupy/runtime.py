@@ -1,0 +1,174 @@
+"""CuPy runtime of the cuda backend: the compiled kernel module, kernels, scratch
+buffers, device properties and streams, per device.
+
+The kernels (``backends/cuda/kernels/kernels.cu`` and the headers it includes) are
+compiled at first use by NVRTC with ``--fmad=false`` and the shared integer core of
+``backends/include``.  ``DYADIC_CUDA_PROF=1`` adds ``-lineinfo`` (source lines for
+Nsight) and ``-DDC_PROF`` (the kernels' %globaltimer stamps in the module global
+``dc_prof``); nothing else changes.  Launches go through ``launch.py``
+(``cuLaunchKernel`` via ctypes; ``DYADIC_CUDA_LAUNCH=cupy``: CuPy's launch).
+
+Scratch buffers are shared by the calls on one device: do not run two dyadic calls
+concurrently on different streams of the same device.
+"""
+
+import os
+
+from . import launch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+KERNEL_DIR = os.path.join(os.path.dirname(_HERE), "kernels")
+PROFILE = os.environ.get("DYADIC_CUDA_PROF") == "1"
+
+_CUPY = []  # [cupy] once imported (a function-level import costs ~0.5 us per call)
+_MODULES = {}
+_KERNELS = {}
+_SCRATCH = {}
+_NSM = {}
+_EXT_STREAMS = {}
+_GET_STREAM = []  # [cupy.cuda.get_current_stream]
+_LAUNCH_READY = []
+
+
+def cupy():
+    global device_id
+    if not _CUPY:
+        import cupy as cp
+        _CUPY.append(cp)
+        # the hot paths call device_id() once or twice per call: from now on it is
+        # cupy.cuda.runtime.getDevice itself (the same result, no Python frame)
+        device_id = cp.cuda.runtime.getDevice
+    return _CUPY[0]
+
+
+def device_id():
+    """The current CUDA device (CuPy's view; replaced by cupy.cuda.runtime.getDevice
+    once CuPy is loaded: call it as ``runtime.device_id()``)."""
+    return cupy().cuda.runtime.getDevice()
+
+
+def include_dir():
+    """dyadic.backends.INCLUDE_DIR: the shared integer core (dyadic_core.h)."""
+    return os.path.join(os.path.dirname(os.path.dirname(_HERE)), "include")
+
+
+def source():
+    with open(os.path.join(KERNEL_DIR, "kernels.cu")) as f:
+        return f.read()
+
+
+def module(dev=None):
+    """The compiled RawModule of device ``dev`` (default: the current one), compiled
+    once per device."""
+    cp = cupy()
+    if dev is None:
+        dev = device_id()
+    mod = _MODULES.get(dev)
+    if mod is None:
+        mod = cp.RawModule(code=source(), options=(
+            "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--std=c++17",
+            "-I" + include_dir(), "-I" + KERNEL_DIR)
+            + (("-lineinfo", "-DDC_PROF") if PROFILE else ()))
+        mod.compile()
+        _MODULES[dev] = mod
+    return mod
+
+
+def current_stream_ptr():
+    """The raw handle of CuPy's current stream (the launch stream)."""
+    if not _GET_STREAM:
+        _GET_STREAM.append(cupy().cuda.get_current_stream)
+    return _GET_STREAM[0]().ptr
+
+
+def _make_context_current():
+    rt = cupy().cuda.runtime
+    rt.setDevice(rt.getDevice())  # CUDA 12: initialises and binds the primary context
+
+
+def _launch_setup():
+    if not _LAUNCH_READY:
+        cp = cupy()
+        launch.configure(ndarray=cp.ndarray, current_stream=current_stream_ptr,
+                         on_invalid_context=_make_context_current, wrap_stream=external_stream)
+        launch.load()
+        _LAUNCH_READY.append(True)
+
+
+def launch_mode():
+    """How kernels are launched in this process: 'driver (...)' or 'cupy (why)'."""
+    _launch_setup()
+    return launch.describe()
+
+
+def kernel(name):
+    """The launcher (launch.Kernel) of kernel ``name`` on the current device."""
+    dev = device_id()
+    fn = _KERNELS.get((dev, name))
+    if fn is None:
+        _launch_setup()
+        fn = launch.Kernel(module(dev).get_function(name), name)
+        _KERNELS[(dev, name)] = fn
+    return fn
+
+
+def scratch(name, nbytes):
+    """A device buffer of at least ``nbytes`` zeroed bytes, cached per (device, name);
+    grown (a new zeroed buffer), never shrunk.  Kernels that keep state in one leave
+    it zero when they end."""
+    cp = cupy()
+    key = (device_id(), name)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        buf = cp.zeros(max(int(nbytes), 8) // 8 + 1, dtype=cp.uint64)
+        _SCRATCH[key] = buf
+    return buf
+
+
+def num_sms():
+    """Streaming multiprocessors of the current device."""
+    dev = device_id()
+    n = _NSM.get(dev)
+    if n is None:
+        n = int(cupy().cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
+        _NSM[dev] = n
+    return n
+
+
+class _StreamHandle:
+    """A raw CUDA stream handle under the CUDA stream protocol (``__cuda_stream__``
+    returns ``(version 0, handle)``), for ``cupy.cuda.Stream.from_external``."""
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def _wrap_stream(cp, handle):
+    """A CuPy stream object over a raw handle: ``Stream.from_external`` (CuPy >= 14, which
+    deprecates ``ExternalStream``) when it takes the protocol object and gives back the
+    same handle, else ``ExternalStream`` (older CuPy), without its deprecation warning."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            st = from_external(_StreamHandle(handle))
+        except (TypeError, ValueError, AttributeError):
+            st = None
+        if st is not None and int(st.ptr) == handle:
+            return st
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "ExternalStream is deprecated", DeprecationWarning)
+        return cp.cuda.ExternalStream(handle)
+
+
+def external_stream(handle):
+    """A cached CuPy stream object of a raw stream handle (made once per handle)."""
+    st = _EXT_STREAMS.get(handle)
+    if st is None:
+        st = _wrap_stream(cupy(), handle)
+        _EXT_STREAMS[handle] = st
+    return st

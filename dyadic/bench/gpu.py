@@ -1,0 +1,359 @@
+"""GPU timings of backend="cuda" calls and of the plain-PyTorch pipelines.
+
+    python -m dyadic.bench gpu [--batch 1,4,16,64] [--vocab 129280] [--k 5] [--reps 200]
+                               [--out DIR] [--label NAME]
+    python path/to/dyadic/bench/gpu.py ...     (the same, run as a script)
+
+For each batch size B and each case (a zero-argument call on inputs made beforehand,
+outputs preallocated with ``out=``), two metrics, in microseconds:
+
+- ``graph_dev_us``: device time of one CUDA-graph replay of the call: median over
+  ``--reps`` replays, each started with the launch queue held by a sleep kernel while the
+  host enqueues it (``dyadic.bench.timing.held_event_times``), so the interval covers the
+  device alone.  Written as text "<us> (not held)" where the hold may have ended before the
+  host enqueued the replay, and "n/a" for check=True calls (they synchronise: not
+  capturable).
+- ``eager_host_us``: host time of one eager call: ``time.perf_counter`` around the call,
+  the launch queue idle (synchronised before each call, outside the timed region); median
+  over ``--reps`` calls after 20 warm-up calls.  A check=True call waits for its kernels:
+  its host time includes their device time.
+
+and ``floor_us``: the bytes the call must read or write at least once / 4.2e12 B/s (the
+H200's copy bandwidth), where that bound applies (None elsewhere).
+
+Cases (``cases``; all dyadic calls backend="cuda", check=False unless named otherwise):
+trivial_kernel (a one-element add: the cost of a launch alone); propose_top32_bf16 (T=0.7);
+propose_dense_bf16 and propose_dense_bf16_floor_first (top_k=None, policy "standard" /
+"floor-first"); allocate_dense_f32; allocate_top32_f32; draw_top32 (from a top-32 q);
+verify_k5_dense / verify_k5_top32 (dense / top-32 q), each also _lazy (check="lazy") and
+_checked (check=True); verify_k5_dense_greedy (every other request greedy=True); and the
+plain-PyTorch pipelines torch_top32_proposal (topk, softmax, multinomial, gather) and
+torch_verify_k5_dense (gather, ratio test, clamp(p - q, 0), exponential race).
+
+Inputs (as the cases of ``cases``): z ~ N(0, 1) [B, V]; logits 3 z in bfloat16; target
+p = softmax(3 N(0, 1)) [B, k+1, V]; draft q = softmax(3 z + 0.5 N(0, 1)) [B, k, V] as a
+dense and a top-32 Dyadic, drafts sampled from q's counts (dense) or q's top id (top-32);
+p32 = softmax(3 z) for allocate and draw; seeds 0..B-1, other key fields 0; each tensor
+from its own seeded generator.
+
+Writes ``DIR/gpu-NAME.json``: a list of rows ``{"label", "B", "case", "graph_dev_us",
+"eager_host_us", "floor_us"}`` (a value is a number, None, or a text: "error: ...",
+"n/a: ...", "... (not held)"), and prints a Markdown table.  A case that fails records its
+error and the run goes on.  ``python -m dyadic.bench compare`` reads these files.
+
+Only dyadic's public API, torch, NumPy and ``dyadic.bench.timing.capture_graph`` /
+``held_event_times`` are used, so this file also times another checkout of dyadic with the
+same API: run as a script with PYTHONPATH at that checkout installed in a folder (``pip
+install --no-deps --no-build-isolation --target DIR CHECKOUT``).  A source checkout on
+PYTHONPATH is not enough: its ``dyadic.backends`` (the repository's ``backends/``) would be
+found elsewhere; a run whose dyadic modules do not all come from the imported package's
+folder is refused.
+"""
+
+import argparse
+import collections
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+
+if __name__ == "__main__":  # as a script: this folder's modules must not shadow others
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import torch  # noqa: E402
+
+import dyadic  # noqa: E402
+from dyadic.bench.timing import capture_graph, held_event_times  # noqa: E402
+
+V, K, W, T = 129280, 5, 32, 0.7  # vocabulary, draft depth, top-k width, temperature
+BANDWIDTH = 4.2e12  # B/s, for floor_us
+METRICS = ("graph_dev_us", "eager_host_us", "floor_us")
+POLICIES = ("standard", "floor-first")
+
+Case = collections.namedtuple("Case", "name make nbytes graph")
+Case.__doc__ = """name; make() -> the zero-argument call; nbytes: the bytes the call must
+move at least once (None: no such bound); graph: whether it can be captured."""
+
+
+class Inputs:
+    """The tensors of the cases at batch B, each made on first use from its own seeded
+    generator (a failing input fails only the cases that use it)."""
+
+    def __init__(self, batch, vocab=V, k=K, device="cuda", backend="cuda", seed=0):
+        self.B, self.V, self.k, self.device, self.backend = batch, vocab, k, device, backend
+        self.seed = seed
+
+    def randn(self, stream, *shape):
+        g = torch.Generator(device=self.device).manual_seed(
+            self.seed * 1_000_003 + self.B * 101 + stream)
+        return torch.randn(*shape, device=self.device, generator=g)
+
+    def empty(self, *shape, dtype=torch.int32):
+        return torch.empty(*shape, dtype=dtype, device=self.device)
+
+    @functools.cached_property
+    def z(self):
+        return self.randn(1, self.B, self.V)
+
+    @functools.cached_property
+    def logits(self):
+        return (3 * self.z).to(torch.bfloat16)
+
+    @functools.cached_property
+    def p32(self):
+        return torch.softmax(3 * self.z, -1)
+
+    @functools.cached_property
+    def keys(self):
+        def zero():
+            return torch.zeros(self.B, dtype=torch.int32, device=self.device)
+        return dyadic.Keys(seed=torch.arange(self.B, dtype=torch.int64, device=self.device),
+                           generation=zero(), round=zero(), position=zero())
+
+    @functools.cached_property
+    def p(self):
+        return torch.softmax(3 * self.randn(2, self.B, self.k + 1, self.V), -1)
+
+    @functools.cached_property
+    def qd(self):
+        zk = self.z[:, None, :].expand(self.B, self.k, self.V)
+        return torch.softmax(3 * zk + 0.5 * self.randn(3, self.B, self.k, self.V), -1)
+
+    @functools.cached_property
+    def q_dense(self):
+        return dyadic.allocate(self.qd, backend=self.backend)
+
+    @functools.cached_property
+    def q_top(self):
+        return dyadic.allocate(self.qd, top_k=W, backend=self.backend)
+
+    @functools.cached_property
+    def q32(self):
+        return dyadic.allocate(self.p32, top_k=W, backend=self.backend)
+
+    @functools.cached_property
+    def draft_dense(self):
+        """Drafts sampled from q's counts (never a zero-count token)."""
+        w = self.q_dense.counts.view(torch.int32).reshape(-1, self.V).float()
+        g = torch.Generator(device=self.device).manual_seed(self.seed + 7)
+        return torch.multinomial(w, 1, generator=g).reshape(self.B, self.k).to(torch.int32)
+
+    @functools.cached_property
+    def draft_top(self):
+        return self.q_top.ids[..., 0].contiguous()
+
+    @functools.cached_property
+    def greedy(self):
+        return torch.arange(self.B, device=self.device) % 2 == 0
+
+    def verdict_out(self):
+        return {"accepted": self.empty(self.B), "tokens": self.empty(self.B, self.k + 1),
+                "status": self.empty(self.B)}
+
+
+def cases(inp):
+    """The cases at ``inp``'s batch, in table order, as ``Case`` rows (nothing is built
+    until ``make`` is called)."""
+    B, nv, k, be, u32 = inp.B, inp.V, inp.k, inp.backend, torch.uint32
+    target = B * (k + 1) * nv * 4
+
+    def trivial():
+        x = torch.zeros(1, device=inp.device)
+        return lambda: x.add_(1)
+
+    def propose(top_k, policy="standard"):
+        def make():
+            w = min(top_k or nv, nv)
+            out = {"tokens": inp.empty(B), "counts": inp.empty(B, w, dtype=u32),
+                   "status": inp.empty(B)}
+            if top_k:
+                out["ids"] = inp.empty(B, w)
+            x, keys = inp.logits, inp.keys
+            return lambda: dyadic.propose(x, keys, top_k=top_k, temperature=T, policy=policy,
+                                          backend=be, check=False, out=out)
+        return make
+
+    def allocate(top_k):
+        def make():
+            w = min(top_k or nv, nv)
+            out = {"counts": inp.empty(B, w, dtype=u32), "status": inp.empty(B)}
+            if top_k:
+                out["ids"] = inp.empty(B, w)
+            x = inp.p32
+            return lambda: dyadic.allocate(x, top_k=top_k, backend=be, check=False, out=out)
+        return make
+
+    def draw():
+        out, q, keys = {"tokens": inp.empty(B)}, inp.q32, inp.keys
+        return lambda: dyadic.draw(q, keys, backend=be, check=False, out=out)
+
+    def verify(sparse, check, greedy=False):
+        def make():
+            p, keys, out = inp.p, inp.keys, inp.verdict_out()
+            d, q = (inp.draft_top, inp.q_top) if sparse else (inp.draft_dense, inp.q_dense)
+            g = inp.greedy if greedy else None
+            return lambda: dyadic.verify(p, d, q, keys, greedy=g, backend=be, check=check,
+                                         out=out)
+        return make
+
+    def torch_proposal():
+        x = inp.logits
+
+        def run():
+            v, i = torch.topk(x, W, dim=-1)
+            j = torch.multinomial(torch.softmax(v.float() / T, -1), 1)
+            return i.gather(-1, j)
+        return run
+
+    def torch_verify():
+        p, qd, d = inp.p, inp.qd, inp.draft_dense.long()[..., None]
+
+        def run():
+            pd = p[:, :k].gather(-1, d)[..., 0]
+            qq = qd.gather(-1, d)[..., 0]
+            acc = (torch.rand(B, k, device=p.device) * qq < pd).int().cumprod(-1).sum(-1)
+            res = torch.clamp(p[:, :k] - qd, min=0)
+            return acc, (res / torch.empty_like(res).exponential_()).argmax(-1)
+        return run
+
+    out = [Case("trivial_kernel", trivial, None, True),
+           Case("propose_top32_bf16", propose(W), B * nv * 2, True)]
+    out += [Case("propose_dense_bf16" + ("" if pol == "standard" else "_" + pol.replace("-", "_")),
+                 propose(None, pol), B * nv * 6, True) for pol in POLICIES]
+    out += [Case("allocate_dense_f32", allocate(None), B * nv * 8, True),
+            Case("allocate_top32_f32", allocate(W), B * nv * 4, True),
+            Case("draw_top32", draw, B * W * 8, True)]
+    for sparse, q in ((False, "dense"), (True, "top32")):
+        out += [Case(f"verify_k{k}_{q}", verify(sparse, False), target, True),
+                Case(f"verify_k{k}_{q}_lazy", verify(sparse, "lazy"), None, True),
+                Case(f"verify_k{k}_{q}_checked", verify(sparse, True), target, False)]
+    out += [Case(f"verify_k{k}_dense_greedy", verify(False, False, greedy=True), target, True),
+            Case("torch_top32_proposal", torch_proposal, B * nv * 2, True),
+            Case(f"torch_verify_k{k}_dense", torch_verify, target, True)]
+    return out
+
+
+def graph_dev_us(fn, reps):
+    """Median device time (us) of a CUDA-graph replay of ``fn``, the queue held."""
+    replay = capture_graph(fn)
+    for _ in range(10):
+        replay()
+    h = held_event_times(replay, reps)
+    us = statistics.median(h["times"]) * 1e6
+    return round(us, 2) if h["held"] else f"{us:.1f} (not held)"
+
+
+def eager_host_us(fn, reps, warmup=20):
+    """Median host time (us) of one eager call of ``fn``, the launch queue idle."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()  # untimed: each call finds the queue idle
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return round(statistics.median(ts) * 1e6, 2)
+
+
+def _error(e):
+    return f"error: {type(e).__name__}: {e}"[:200]
+
+
+def measure(case, B, reps, label):
+    """One row: the case's metrics, an error text in place of a value that failed."""
+    row = {"label": label, "B": B, "case": case.name}
+    try:
+        fn = case.make()
+    except Exception as e:  # noqa: BLE001 - recorded; the other cases still run
+        row["graph_dev_us"] = row["eager_host_us"] = _error(e)
+    else:
+        for metric, timer, ok in (("eager_host_us", eager_host_us, True),
+                                  ("graph_dev_us", graph_dev_us, case.graph)):
+            if not ok:
+                row[metric] = "n/a: check=True synchronises"
+                continue
+            try:
+                row[metric] = timer(fn, reps)
+            except Exception as e:  # noqa: BLE001
+                row[metric] = _error(e)
+    row["floor_us"] = None if case.nbytes is None else round(case.nbytes / BANDWIDTH * 1e6, 2)
+    return row
+
+
+def outside_modules():
+    """``name: file`` of the loaded dyadic modules outside the folder that holds the
+    imported dyadic package (a mixed install: e.g. old dyadic with new backends)."""
+    top = os.path.dirname(os.path.dirname(os.path.realpath(dyadic.__file__))) + os.sep
+    found = []
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name.startswith("dyadic.") and f and not os.path.realpath(f).startswith(top):
+            found.append(f"{name}: {f}")
+    return sorted(found)
+
+
+def markdown(rows):
+    """The rows as a Markdown table (one line per (B, case))."""
+    lines = ["| B | case | " + " | ".join(METRICS) + " |", "|---" * (2 + len(METRICS)) + "|"]
+    for r in rows:
+        cells = ["-" if r.get(m) is None else str(r[m]) for m in METRICS]
+        lines.append(f"| {r['B']} | {r['case']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ints(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dyadic.bench gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=_ints, default=[1, 4, 16, 64], help="batch sizes B")
+    p.add_argument("--vocab", type=int, default=V, help=f"vocabulary size V (default {V})")
+    p.add_argument("--k", type=int, default=K, help=f"draft depth for verify (default {K})")
+    p.add_argument("--reps", type=int, default=200,
+                   help="timed calls per metric, median taken (default 200)")
+    p.add_argument("--out", default=".", help="directory for gpu-LABEL.json")
+    p.add_argument("--label", default="run", help="names the run in its rows and file name")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    a = parse(argv)
+    if not torch.cuda.is_available() or "cuda" not in dyadic.available_backends():
+        print("dyadic.bench gpu: needs a CUDA GPU and dyadic's \"cuda\" backend",
+              file=sys.stderr)
+        return 2
+    mixed = outside_modules()  # the backends are loaded now
+    if mixed:
+        print("dyadic.bench gpu: dyadic modules loaded from outside the imported dyadic "
+              "package (install the tree to time, e.g. pip install --no-deps --target DIR):\n  "
+              + "\n  ".join(mixed), file=sys.stderr)
+        return 2
+    rows = []
+    for B in a.batch:
+        inp = Inputs(B, a.vocab, a.k)
+        for case in cases(inp):
+            rows.append(measure(case, B, a.reps, a.label))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        del inp
+        torch.cuda.empty_cache()
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"gpu-{a.label}.json")
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"dyadic {dyadic.__version__} from {os.path.dirname(dyadic.__file__)}, torch "
+          f"{torch.__version__}, {torch.cuda.get_device_name()}, label {a.label!r}, "
+          f"V={a.vocab}, k={a.k}, reps={a.reps}\n")
+    print(markdown(rows))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""dyadic/bench/gpu.py without a GPU: its CLI, its cases (built on the host backend, each
+call run once: the arguments and out= buffers are well-formed), error rows, the script
+form, and the asv GPU benchmark's skip.  Nothing is timed here."""
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dyadic  # noqa: E402
+from dyadic.bench import gpu  # noqa: E402
+from dyadic.bench.inputs import host_backend  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "dyadic", "bench", "gpu.py")
+
+
+def test_parse():
+    a = gpu.parse([])
+    assert (a.batch, a.vocab, a.k, a.reps, a.label) == ([1, 4, 16, 64], 129280, 5, 200, "run")
+    a = gpu.parse(["--batch", "2,8", "--vocab", "1000", "--k", "3", "--reps", "7",
+                   "--out", "d", "--label", "old"])
+    assert (a.batch, a.vocab, a.k, a.reps, a.out, a.label) == ([2, 8], 1000, 3, 7, "d", "old")
+
+
+def test_cases_run_once_on_the_host_backend():
+    B, V, k = 3, 300, 4
+    inp = gpu.Inputs(B, V, k, device="cpu", backend=host_backend())
+    cs = gpu.cases(inp)
+    names = [c.name for c in cs]
+    assert len(set(names)) == len(names)
+    assert {"trivial_kernel", "propose_top32_bf16", "propose_dense_bf16",
+            "propose_dense_bf16_floor_first", "allocate_dense_f32", "allocate_top32_f32",
+            "draw_top32", "verify_k4_dense", "verify_k4_dense_lazy", "verify_k4_dense_checked",
+            "verify_k4_top32", "verify_k4_top32_lazy", "verify_k4_top32_checked",
+            "verify_k4_dense_greedy", "torch_top32_proposal", "torch_verify_k4_dense"} == set(names)
+    assert [c.name for c in cs if not c.graph] == ["verify_k4_dense_checked",
+                                                    "verify_k4_top32_checked"]
+    for c in cs:
+        r = c.make()()
+        if isinstance(r, dyadic.Verdict):
+            assert r.tokens.shape == (B, k + 1)
+            assert r.status is None or not r.status.any(), c.name  # valid inputs
+        elif isinstance(r, tuple) and isinstance(r[1], dyadic.Dyadic):  # propose
+            assert ((r[0] >= 0) & (r[0] < V)).all(), c.name
+            assert (r[1].counts.to(torch.int64).sum(-1) == dyadic.TOTAL).all(), c.name
+        elif isinstance(r, dyadic.Dyadic):  # allocate
+            assert (r.counts.to(torch.int64).sum(-1) == dyadic.TOTAL).all(), c.name
+    assert (inp.draft_dense >= 0).all() and (inp.draft_dense < V).all()
+
+
+def test_a_failing_case_records_errors():
+    def boom():
+        raise ValueError("no input")
+    row = gpu.measure(gpu.Case("bad", boom, 4.2e6, True), 1, 3, "x")
+    assert row == {"label": "x", "B": 1, "case": "bad", "graph_dev_us": "error: ValueError: "
+                   "no input", "eager_host_us": "error: ValueError: no input", "floor_us": 1.0}
+    row = gpu.measure(gpu.Case("sync", lambda: (lambda: None), None, False), 1, 3, "x")
+    assert row["graph_dev_us"].startswith("n/a") and row["floor_us"] is None
+    assert "us" in gpu.markdown([row]).splitlines()[0]
+
+
+def test_no_module_outside_the_package():
+    dyadic.available_backends()
+    assert gpu.outside_modules() == []
+
+
+def test_script_form():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and "--label" in r.stdout, r.stderr
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, SCRIPT, "--batch", "1"], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+
+
+def test_asv_gpu_benchmark_skips_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark runs under asv")
+    sys.path.insert(0, os.path.join(ROOT, "asv_bench"))
+    try:
+        mod = importlib.import_module("benchmarks.bench_gpu")
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(NotImplementedError):
+        mod.GraphReplay().setup("propose_top32_bf16", 1)

@@ -1,0 +1,146 @@
+"""The cuda backend's routing table and host-side rules, without a GPU.
+
+backends/cuda/cupy/routes.py decides which kernels serve a call from its shape alone;
+this is the one test that names kernels.  The parity tests choose their shapes from
+this table so that every kernel is compared with the CPU backend (the file named in
+each row's comment).  Also: the tiles respect the kernels' limits, drafts deeper than the
+verify kernels take are refused before anything touches the device, and host key fields
+go up in one packed upload.
+"""
+
+import numpy as np
+import pytest
+
+from dyadic.backends.cuda.cupy import args, routes
+
+NSM = 132  # the H200's SMs
+V = 129280
+
+ROUTES = [
+    # (primitive, shape, kernels launched)
+    # tests/gpu/test_gpu_topk_small_k.py
+    ("propose", dict(batch=1, v=V, top_k=32), ("topk_onepass",)),
+    ("propose", dict(batch=4, v=V, top_k=32), ("topk_onepass_wide",)),
+    ("propose", dict(batch=64, v=V, top_k=32, bias=True), ("topk_onepass",)),
+    ("allocate", dict(batch=1, v=V, top_k=32), ("topk_onepass",)),
+    # tests/gpu/test_gpu_topk_16bit_logits.py
+    ("propose", dict(batch=1, v=V, top_k=32, x16=True), ("topk_onepass_packed8k",)),
+    ("propose", dict(batch=16, v=V, top_k=32, x16=True), ("topk_onepass_packed8k",)),
+    ("propose", dict(batch=20, v=V, top_k=32, x16=True), ("topk_onepass_packed16k",)),
+    ("propose", dict(batch=40, v=V, top_k=32, x16=True), ("topk_onepass_packed32k",)),
+    ("propose", dict(batch=100001, v=128, top_k=32, x16=True), ("topk_onepass_packed32k",)),
+    ("propose", dict(batch=1, v=V, top_k=32, x16=True, aligned=False), ("topk_onepass_wide",)),
+    ("propose", dict(batch=1, v=V, top_k=32, x16=True, bias=True), ("topk_onepass",)),
+    # tests/gpu/test_gpu_parity.py (top_k > 32), tests/gpu/test_gpu_large_batch.py
+    ("propose", dict(batch=4, v=V, top_k=64), ("topk_select",)),
+    ("allocate", dict(batch=1, v=V, top_k=33), ("topk_select",)),
+    # tests/gpu/test_gpu_dense_alloc.py
+    ("allocate", dict(batch=64, v=V, top_k=None), ("dense_max", "dense_sum", "dense_floor",
+                                                   "dense_mark")),
+    ("propose", dict(batch=1, v=V, top_k=None), ("dense_max", "dense_sum", "dense_floor",
+                                                 "dense_mark", "draw_rows")),
+    ("draw", dict(batch=8, v=V), ("draw_rows",)),
+    # tests/gpu/test_gpu_verify_one_launch.py
+    ("verify", dict(batch=1, v=V, k1=6), ("verify_one_launch",)),
+    ("verify", dict(batch=32, v=V, k1=6), ("verify_one_launch",)),
+    ("verify", dict(batch=4, v=1, k1=8), ("verify_one_launch",)),
+    ("verify", dict(batch=33, v=V, k1=6), ("verify_chain", "verify_residual")),
+    ("verify", dict(batch=64, v=V, k1=6), ("verify_chain", "verify_residual")),
+    ("verify", dict(batch=1, v=4097, k1=9), ("verify_chain", "verify_residual")),
+    ("verify", dict(batch=1, v=V, k1=6, greedy=True), ("verify_chain", "verify_residual")),
+    # tests/gpu/test_gpu_verify_lazy.py
+    ("verify", dict(batch=1, v=V, k1=6, lazy=True), ("verify_lazy",)),
+    ("verify", dict(batch=16, v=V, k1=6, lazy=True), ("verify_lazy",)),
+    ("verify", dict(batch=64, v=V, k1=6, lazy=True), ("verify_lazy_r64",)),
+    ("verify", dict(batch=4, v=V, k1=6, lazy=True, greedy=True),
+     ("verify_chain", "verify_residual")),
+    ("verify", dict(batch=1, v=128 * 32768 + 1, k1=2, lazy=True),
+     ("verify_chain", "verify_residual")),
+]
+
+
+@pytest.mark.parametrize("primitive, shape, kernels", ROUTES)
+def test_routing_table(primitive, shape, kernels):
+    assert routes.kernel_names(primitive, nsm=NSM, **shape) == kernels
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 16, 64, 65536])
+@pytest.mark.parametrize("v", [1, 111, 4097, 32000, V, routes.LAZY_MAX_V])
+def test_lazy_tiles_fit_the_kernel(batch, v):
+    """verify_lazy's tiles: multiples of 1024 ids, at most 32768, at most 128 per row."""
+    vt = routes.lazy_tile(v, batch, NSM)
+    assert vt % 1024 == 0 and 1024 <= vt <= 32768 and -(-v // vt) <= 128
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 32, 64])
+@pytest.mark.parametrize("k1", [1, 2, 6, 8, 9])
+@pytest.mark.parametrize("v", [1, 111, 4097, V, routes.LAZY_MAX_V + 1])
+def test_one_launch_tiles_fit_the_kernel(batch, k1, v):
+    """verify_one_launch: k + 1 <= 8 rows, V within the tile records; its own tiles only
+    where its grid fits one wave at 3 blocks per SM, else verify_lazy's tiles."""
+    vt = routes.one_launch_tile(v, batch, k1, NSM)
+    if k1 > routes.ONE_LAUNCH_MAX_K1 or v > routes.LAZY_MAX_V:
+        assert vt == 0
+        return
+    if vt == 0:
+        assert batch * k1 * v > routes.ONE_LAUNCH_MAX_ELEMENTS
+        return
+    nt = -(-v // vt)
+    assert vt % 1024 == 0 and nt <= 128
+    assert (vt <= routes.ONE_LAUNCH_MAX_TILE and batch * (1 + k1 * nt) <= 3 * NSM) or (
+        vt == routes.lazy_tile(v, batch, NSM))
+
+
+@pytest.mark.parametrize("rows", [1, 65535, 65536, 100001, 2**31 - 1])
+def test_row_grid_covers_every_row(rows):
+    """Rows over grid y and z, each at most 65535, with fewer than z rows past the end."""
+    nx, y, z = routes.rgrid(7, rows)
+    assert nx == 7 and y <= routes.GRID_YZ and z <= routes.GRID_YZ
+    assert rows <= y * z < rows + z
+
+
+@pytest.mark.parametrize("method", ["verify", "verify_plain", "verify_lazy"])
+def test_too_deep_draft_is_refused(method):
+    from dyadic.backends.cuda.cupy import CupyBackend
+    k = args.MAX_K_VERIFY + 1
+    target = np.zeros((2, k + 1, 8), dtype=np.float32)
+    draft = np.zeros((2, k), dtype=np.int32)
+    greedy = () if method == "verify_lazy" else (np.zeros(2, np.uint8),)
+    with pytest.raises(ValueError, match=rf"draft: backend 'cuda' verifies at most "
+                                         rf"{args.MAX_K_VERIFY} draft tokens per "
+                                         rf"request, got k={k}"):
+        getattr(CupyBackend(), method)(target, draft, None, None, *greedy, 0, 0, 0, 0,
+                                       None, None, None)
+
+
+def test_deepest_draft_passes_the_limit():
+    """k = the limit is not refused by the limit (without a device it fails later)."""
+    k = args.MAX_K_VERIFY
+    target = np.zeros((1, k + 1, 8), dtype=np.float32)
+    try:
+        args.verify_setup(target, None, 0, 0, 0, 0, (), ())
+    except Exception as exc:  # noqa: BLE001 - no CuPy / no GPU here: any error but the limit
+        assert "verifies at most" not in str(exc)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_host_keys_packed_in_one_upload(batch):
+    """Host key fields (NumPy, as Keys.broadcast gives them, or of length 1) go up as one
+    [4, B] uint64 array: row j is field j cast to uint64 and broadcast; the pointers are its
+    rows and the format says four 8-byte fields of length B."""
+    seen = []
+
+    def call(a):
+        seen.append(a.copy())
+        return 0x10000
+
+    fields = (np.array([2**64 - 1] * batch, dtype=np.uint64)[:batch],
+              (np.arange(batch) + 2**32 - batch).astype(np.uint32),
+              np.array([7], dtype=np.uint32), np.arange(batch, dtype=np.int64))
+    ptrs, fmt = args.keys(call, *fields, batch)
+    (packed,) = seen
+    assert packed.dtype == np.uint64 and packed.shape == (4, batch)
+    for row, f in zip(packed, fields):
+        assert row.tolist() == np.broadcast_to(f.astype(np.uint64), (batch,)).tolist()
+    assert [int(p) for p in ptrs] == [0x10000 + 8 * batch * j for j in range(4)]
+    assert fmt == 0b01010101
