@@ -57,7 +57,7 @@ def _back(t, kind):
 
 
 
-def _cupy_backend():
+def _cuda_runtime():
     global _CB
     if _CB is None:
         from .backends.cuda.cupy import runtime
@@ -81,7 +81,7 @@ def _enter(backend, device):
     Returns what ``_leave`` undoes."""
     if backend != "cuda":
         return None
-    cb = _CB or _cupy_backend()
+    cb = _CB or _cuda_runtime()
     torch = _TORCH or _torch()
     dev = device.index
     if dev is None:

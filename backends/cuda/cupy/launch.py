@@ -54,7 +54,7 @@ def _cupy_external_stream(handle):
 
 
 # raw handle -> CuPy stream object, for the CuPy fallback with an explicit stream
-# (configure(): cupy_backend.external_stream, which avoids CuPy 14's deprecated class)
+# (configure(): runtime.external_stream, which avoids CuPy 14's deprecated class)
 _WRAP_STREAM = _cupy_external_stream
 _ON_INVALID_CONTEXT = None  # () -> None: make the device's primary context current
 _SIGNED = {}  # n -> struct.Struct("=nq")
@@ -111,7 +111,7 @@ def set_driver(lib):
 def configure(ndarray=None, current_stream=None, on_invalid_context=None, wrap_stream=None):
     """Tell the launcher CuPy's ndarray type, how to read the current stream handle, how
     to make the current device's context current and how to wrap a raw stream handle in
-    a CuPy stream object for the CuPy fallback (called by cupy_backend)."""
+    a CuPy stream object for the CuPy fallback (called by runtime.py)."""
     global _ND, _CURRENT_STREAM, _ON_INVALID_CONTEXT, _WRAP_STREAM
     if ndarray is not None:
         _ND = ndarray
@@ -266,7 +266,7 @@ class Kernel:
 
     def launch(self, grid3, block3, args, stream=None):
         """``__call__`` for callers that did its conversions (the hot paths of
-        cupy_backend): ``grid3`` / ``block3`` padded to 3 entries, ``args`` without
+        plans.py): ``grid3`` / ``block3`` padded to 3 entries, ``args`` without
         cupy.ndarray (pointers as ints)."""
         lib = _STATE["lib"]
         if lib is None or MODE == "cupy" or self.handle is None:  # one test, then the
