@@ -266,11 +266,11 @@ class _VerifyPlan:
     or of one width and kind, greedy flags given or not, ``check``."""
 
     __slots__ = ("backend", "be", "dev", "didx", "b", "k", "v", "w", "check", "lazy",
-                 "greedy", "specs", "kind", "run", "bk", "qshape", "zeros")
+                 "greedy", "specs", "kind", "run", "bk", "zeros")
 
     def __init__(self, t, q_width, greedy, backend, check, lazy, kind):
         torch = _ga._TORCH
-        self.be = be = _backend.get(backend)
+        self.be = _backend.get(backend)
         self.backend, self.check, self.lazy, self.kind = backend, check, lazy, kind
         if t.dtype != torch.float32:
             raise TypeError(f"target: dtype {_arrays.dtype_name(t)}; expected float32 "
@@ -282,7 +282,7 @@ class _VerifyPlan:
         if k1 < 1:
             raise ValueError("target: needs k+1 >= 1 rows per request")
         self.b, self.k, self.v, self.w = b, k1 - 1, v, q_width
-        self.bk, self.qshape = (b, k1 - 1), (b, k1 - 1, q_width)
+        self.bk = (b, k1 - 1)
         self.greedy = greedy
         self.dev = dev = t.device
         self.didx = t.get_device()

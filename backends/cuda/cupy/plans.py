@@ -96,11 +96,11 @@ class OnePassTopK:
         name = "topk_onepass_wide" if wide else "topk_onepass"
         self.plain = make(name, r, tile, False)
         self.aligned = self.plain
-        # 16-byte loads: x 16-byte aligned (checked per call) and V a multiple of 8 ids
-        # (4 for float32); 16-bit logits without bias then take the packed kernels
-        self.vec_ok = wide and v % (4 if x_code == 0 else 8) == 0
+        # 16-byte loads where x is 16-byte aligned (checked per call); 16-bit logits
+        # without bias then take the packed kernels
+        self.vec_ok = wide and routes.wide_vector_loads(v, self.x16)
         if self.vec_ok:
-            if self.x16 and not (bias_code or bias_rows) and logits:
+            if routes.packed_taken(self.x16, bias_code or bias_rows, logits):
                 i = routes.packed_choice(batch, v, runtime.num_sms())
                 tile_p = routes.PACKED_TILES[i]
                 self.aligned = make(routes.PACKED_KERNELS[i], -(-v // tile_p), tile_p, True)

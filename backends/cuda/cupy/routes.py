@@ -132,6 +132,18 @@ def packed_choice(batch, v, nsm):
     return len(PACKED_TILES) - 1
 
 
+def wide_vector_loads(v, x16):
+    """Whether topk_onepass_wide / the packed kernels can read x's rows in 16-byte words:
+    V a multiple of 8 ids (4 for float32); x's pointer 16-byte aligned is checked per call."""
+    return v % (8 if x16 else 4) == 0
+
+
+def packed_taken(x16, bias, logits):
+    """16-bit logits without bias take the packed kernels in topk_onepass_wide's place
+    (on 16-byte loads)."""
+    return bool(x16 and not bias and logits)
+
+
 def select_rank_counting(top_k, batch):
     """True where topk_select ranks by counting (else radix select)."""
     return top_k <= SELECT_RANK_MAX_K and batch <= SELECT_RANK_MAX_BATCH
@@ -195,7 +207,7 @@ def chain_tiles(v, batch, k1, nsm):
 def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
-    (16-bit logits), bias, aligned (16-byte aligned x with V a multiple of 8) for
+    (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for
     allocate / propose; k1, greedy, lazy for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
@@ -210,7 +222,8 @@ def kernel_names(primitive, **shape):
             return names + (("draw_rows",) if primitive == "propose" else ())
         if route == "select":
             return ("topk_select",)
-        if route == "wide" and x16 and not bias and logits and shape.get("aligned", True):
+        if (route == "wide" and packed_taken(x16, bias, logits) and shape.get("aligned", True)
+                and wide_vector_loads(v, x16)):
             return (PACKED_KERNELS[packed_choice(b, v, nsm)],)
         return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
