@@ -272,7 +272,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     return tokens_r, _dyadic(counts_r, ids_r, batch_shape, v, policy, out)
 
 
-def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None):
+def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None,
+           logits=False, temperature=1.0, top_k=None, top_p=None, min_p=None):
     """Standard speculative verification of a fixed-depth draft chain.
 
     Leviathan et al. 2023, algorithm 1, in exact integers: draft d_i is
@@ -284,9 +285,12 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
 
     Parameters
     ----------
-    target : float32 [B, k+1, V]
+    target : float32 [B, k+1, V], or logits [B, k+1, V] with ``logits=True``
         Target probabilities after the target's own processing (T=1,
-        top_p=1); each row must sum to 1 within 2**-10.
+        top_p=1); each row must sum to 1 within 2**-10.  With ``logits=True``:
+        the target's logits, float32 / float16 / bfloat16 (NumPy float32 /
+        float16 or torch tensors; widened exactly to float32), processed per
+        request into an exact integer distribution (below).
     draft : integer [B, k]
         The proposed tokens.
     q : Dyadic with batch shape (B, k), dense or sparse, or None
@@ -309,20 +313,82 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     out : dict, optional
         Preallocated ``accepted`` int32 [B], ``tokens`` int32 [B, k+1],
         ``status`` int32 [B], written and returned.
+    logits : bool
+        ``target`` holds logits.  Each target row becomes the processed target
+        of docs/semantics.md section 2 "Target logits": ``z = float64(x) /
+        float64(temperature)``, integer weights ``W_v`` by the fixed-point
+        exponential of ``allocate(logits=True)`` (``W(zmax) = 2**39``; -inf
+        masks a token), then the filters min-p, top-k, top-p (in this order) on
+        the ranking by z (descending, ties to the lowest id); ``p(v) = P_v / T``
+        with ``P_v = W_v`` on the kept tokens.  Verification is section 5 with
+        these P and T.  NaN or +inf in a row (after the division) is
+        TARGET_INVALID_VALUE; a row of only -inf is TARGET_ZERO_MASS.
+    temperature : float or float array [B]
+        ``logits=True`` only.  Finite and >= 0; 0 verifies the request greedily
+        on the argmax of its logits (float value, ties to the lowest id), as
+        ``greedy``: no randomness, q not consulted.
+    top_k : int or integer array [B], optional
+        ``logits=True`` only.  >= 0; keep the first ``top_k`` ranked tokens
+        surviving min-p (None / 0: off).
+    top_p : float or float array [B], optional
+        ``logits=True`` only.  In (0, 1], converted to float32; with
+        ``u = ceil(top_p * 2**24)`` keep the shortest ranked prefix of the
+        survivors whose weight reaches ``ceil(u * Ts / 2**24)``, ``Ts`` their
+        total weight (None / 1: off).
+    min_p : float or float array [B], optional
+        ``logits=True`` only.  In [0, 1], converted to float32; with
+        ``mp = ceil(min_p * 2**24)`` keep the tokens with ``W_v * 2**24 >=
+        mp * 2**39`` (None / 0: off).
+
+        With ``check=True`` a parameter out of range raises ValueError naming
+        it and the row; with ``check=False`` (or "lazy") that request fails
+        closed with status TEMPERATURE_INVALID, TOP_K_INVALID, TOP_P_INVALID or
+        MIN_P_INVALID.
 
     Returns
     -------
     Verdict(accepted int32 [B], tokens int32 [B, k+1], status int32 [B] or None
     with check=True).
+
+    Compatibility guarantee: accepted counts and tokens are a pure function of
+    the input bits, the arguments and the key fields, identical on every
+    backend that implements the call (``logits=True``: ``cpu``, ``reference``,
+    ``numba``).
+
+    Examples
+    --------
+    >>> import numpy as np, dyadic
+    >>> logits = np.array([[[2.0, 1.0, -np.inf]]], dtype=np.float32)  # B=1, k=0
+    >>> v = dyadic.verify(logits, np.zeros((1, 0), np.int32), None, dyadic.Keys(seed=1),
+    ...                   logits=True, temperature=0.0)
+    >>> v.tokens.tolist()
+    [[0]]
     """
     if check is not True and check is not False:
         check = _validate.check_mode(check, lazy=True)
+    if logits is not True and logits is not False:
+        raise TypeError(f"logits: expected True or False, got {logits!r}")
+    if not logits and not (temperature is None or (np.ndim(temperature) == 0
+                                                   and temperature == 1.0)
+                           and top_k is None and top_p is None and min_p is None):
+        raise ValueError("temperature/top_k/top_p/min_p: apply only to target logits "
+                         "(logits=True); target probabilities are used as given")
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
+        extra = {} if not logits else dict(logits=True, temperature=temperature,
+                                           top_k=top_k, top_p=top_p, min_p=min_p)
         return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
-                             check=check, out=out)
+                             check=check, out=out, **extra)
     be = _backend.get(backend)
+    if logits and not be.has_logits_verify:
+        raise _backend.BackendUnavailable(
+            f"backend {backend!r} does not implement verify with logits=True; use "
+            f"backend 'cpu', 'reference' or 'numba'")
     kind = _arrays.kind_of(target)
-    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, greedy, check=check is True)
+    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, greedy, check=check is True,
+                                                   logits=logits)
+    if logits:
+        params = _validate.logits_target_params(temperature, top_k, top_p, min_p, batch,
+                                                check=check is True)
     verify_q(q, batch, k, v)
     keys_b = _keys_for(keys, batch, extra=k)
     qc = qi = None
@@ -334,7 +400,9 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         ("accepted", (batch,), np.int32), ("tokens", (batch, k + 1), np.int32),
         ("status", (batch,), np.int32)), kind)
     status[...] = 0
-    if batch:
+    if batch and logits:
+        be.verify_logits(t, d, qc, qi, g, *params, *keys_b, accepted, tokens, status)
+    elif batch:
         be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
     if status.any():
         if check is True:

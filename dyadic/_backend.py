@@ -20,6 +20,8 @@ class Backend:
     Capabilities (class attributes): ``reads_half_precision`` (the GPU path may hand
     float16 / bfloat16 logits as they are instead of widening them to float32),
     ``has_lazy_verify`` (``verify_lazy`` reads only what the decisions need),
+    ``has_logits_verify`` (``verify_logits``: verification from target logits and
+    per-request sampling parameters),
     ``graph_capturable`` (check=False calls with device
     keys and ``out=`` launch only kernels on the caller's stream: capturable in a
     CUDA graph).  The defaults here are the plain behaviour: a backend
@@ -29,6 +31,7 @@ class Backend:
     name = "?"
     reads_half_precision = False
     has_lazy_verify = False
+    has_logits_verify = False
     graph_capturable = False
 
     def usable(self):
@@ -76,6 +79,16 @@ class Backend:
         """``verify`` with ``check="lazy"`` and no greedy request (only where
         ``has_lazy_verify``): reads the target only where the decisions need it."""
         raise NotImplementedError(f"backend {self.name!r} has no lazy verify")
+
+    def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
+                      min_p, seed, generation, round, position, accepted, tokens, status):
+        """``verify`` on target logits (only where ``has_logits_verify``): target float32
+        logits [B, k+1, V]; temperature float64 [B] (0: greedy request); top_k int64
+        [B] (0: off); top_p float32 [B] (1: off); min_p float32 [B] (0: off).  Each
+        target row becomes the processed integer target of docs/semantics.md
+        ("Target logits"); a request with a parameter out of range fails closed with
+        TEMPERATURE_INVALID / TOP_K_INVALID / TOP_P_INVALID / MIN_P_INVALID."""
+        raise NotImplementedError(f"backend {self.name!r} has no verify from logits")
 
     # Runners: what dyadic._device's call plans call for device arrays, made once per
     # call configuration (on the call's device).  The defaults call the kernels above.

@@ -19,6 +19,12 @@ TARGET_SUM = 11
 Q_ZERO_AT_DRAFT = 12
 DRAFT_OUT_OF_RANGE = 13
 Q_INVALID = 14
+# verify from target logits (logits=True)
+TARGET_ZERO_MASS = 15
+TEMPERATURE_INVALID = 16
+TOP_K_INVALID = 17
+TOP_P_INVALID = 18
+MIN_P_INVALID = 19
 # RNG
 RNG_EXHAUSTED = 20
 
@@ -39,6 +45,12 @@ _MESSAGES = {
     Q_INVALID: ("q", "the q row breaks a Dyadic rule (an id outside [0, V) or -1, valid ids "
                      "not strictly ascending, padding before a valid id or with a count, "
                      "a count above 2**24, or counts not summing to 2**24)"),
+    TARGET_ZERO_MASS: ("target", "every target logit is -inf (no token has mass; logits=True)"),
+    TEMPERATURE_INVALID: ("temperature", "must be finite and >= 0 (0 means greedy "
+                                         "verification)"),
+    TOP_K_INVALID: ("top_k", "must be >= 0 (0: off)"),
+    TOP_P_INVALID: ("top_p", "must be in (0, 1] as a float32 (1: off)"),
+    MIN_P_INVALID: ("min_p", "must be in [0, 1] as a float32 (0: off)"),
     RNG_EXHAUSTED: ("keys", "bounded draw exhausted 2**28 draw indices (probability "
                             "< 2**-(2**28)); the key fields are reused or corrupted"),
 }

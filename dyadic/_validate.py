@@ -189,15 +189,20 @@ def _first_bad(mask, name, rule):
         raise ValueError(f"{name}: row {int(bad[0])}: {rule}")
 
 
-def verify_inputs(target, draft, greedy, *, check=True):
+def verify_inputs(target, draft, greedy, *, check=True, logits=False):
     """Shapes and dtypes of verify's target, draft and greedy flags; returns NumPy views
     and sizes (q is checked by ``_types.verify_q``).
 
     ``check`` True raises for a draft id outside [0, V); False leaves that rule to
     the kernel (status DRAFT_OUT_OF_RANGE for the request): an id that int32 cannot
-    hold is passed as -1, never wrapped to another id."""
-    target_dtype(target)
-    t = _arrays.float_to_numpy(target, "target")
+    hold is passed as -1, never wrapped to another id.  ``logits``: the target is
+    float32 / float16 / bfloat16 logits (``logits_target``), else float32
+    probabilities."""
+    if logits:
+        t = logits_target(target)
+    else:
+        target_dtype(target)
+        t = _arrays.float_to_numpy(target, "target")
     if t.ndim != 3:
         raise ValueError(f"target: expected shape [B, k+1, V], got {t.shape}")
     b, k1, v = t.shape
@@ -234,3 +239,81 @@ def target_dtype(x):
     if not _is_f32(x):
         dt = _arrays.dtype_name(x) if hasattr(x, "dtype") else type(x).__name__
         raise TypeError(f"target: dtype {dt}; expected float32 probabilities")
+
+
+def _param_array(value, name, batch, kinds):
+    """A sampling parameter (Python scalar, NumPy array or torch tensor; shape () , (1,)
+    or (batch,)) as a NumPy array of shape (batch,) in its own dtype."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a number or a 1-D array, got bool")
+    if _arrays.is_torch(value):
+        _arrays._torch_device_type(value, name)
+        value = value.detach().cpu()
+        if value.is_floating_point():
+            value = value.double()
+        value = value.numpy()
+    arr = np.asarray(value)
+    if arr.dtype.kind not in kinds:
+        want = "an integer" if kinds == "iu" else "a number"
+        raise TypeError(f"{name}: expected {want} or a 1-D array of them, got dtype "
+                        f"{arr.dtype}")
+    if arr.ndim > 1 or (arr.ndim == 1 and arr.shape[0] not in (1, batch)):
+        raise ValueError(f"{name}: expected a scalar or shape ({batch},), got {arr.shape}")
+    return np.broadcast_to(arr, (batch,))
+
+
+def _param_rows(ok, name, values, rule, check):
+    """ValueError for the first row where ``ok`` is False (only when ``check``)."""
+    if check and not ok.all():
+        r = int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"{name}: row {r}: value {values[r].item()!r} {rule}")
+
+
+def logits_target_params(temperature, top_k, top_p, min_p, batch, *, check=True):
+    """The per-request sampling parameters of ``verify(..., logits=True)``.
+
+    Each is a Python scalar or an array of shape (B,) (or (1,)); returns
+    ``(temperature float64 [B], top_k int64 [B], top_p float32 [B], min_p float32 [B])``.
+    ``top_k=None`` is 0 (off), ``top_p=None`` is 1 (off), ``min_p=None`` is 0 (off).
+    top_p and min_p are converted to float32 (round to nearest even); the kernels
+    read that float32 value exactly.  Rules (docs/semantics.md, "Target logits"):
+    temperature finite and >= 0; top_k an integer >= 0; top_p in (0, 1] and
+    non-zero as a float32; min_p in [0, 1].  ``check`` True raises ValueError
+    naming the argument, the row and the rule; False passes the values on and the
+    kernel fails such a request closed (a top_p / min_p outside its range, whose
+    float32 rounding could land inside it, is passed as NaN)."""
+    temp = _param_array(temperature, "temperature", batch, "fiu").astype(np.float64)
+    ok = np.isfinite(temp) & (temp >= 0)
+    _param_rows(ok, "temperature", temp, "must be finite and >= 0 (0 means greedy "
+                                         "verification)", check)
+    if top_k is None:
+        tk = np.zeros(batch, dtype=np.int64)
+    else:
+        raw = _param_array(top_k, "top_k", batch, "iu")
+        if raw.dtype.kind == "u" and raw.size and raw.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"top_k: value {int(raw.max())} does not fit int64")
+        tk = raw.astype(np.int64)
+        _param_rows(tk >= 0, "top_k", tk, "must be >= 0 (0: off)", check)
+    out = []
+    for name, value, default, lo_open in (("top_p", top_p, 1.0, True),
+                                          ("min_p", min_p, 0.0, False)):
+        if value is None:
+            out.append(np.full(batch, default, dtype=np.float32))
+            continue
+        raw = _param_array(value, name, batch, "fiu").astype(np.float64)
+        f32 = raw.astype(np.float32)
+        if lo_open:
+            ok = (raw > 0) & (raw <= 1) & (f32 > 0)
+            rule = "must be in (0, 1] and non-zero as a float32 (1: off)"
+        else:
+            ok = (raw >= 0) & (raw <= 1)
+            rule = "must be in [0, 1] (0: off)"
+        _param_rows(ok, name, raw, rule, check)
+        out.append(np.ascontiguousarray(np.where(ok, f32, np.float32(np.nan))))
+    return (np.ascontiguousarray(temp), np.ascontiguousarray(tk), out[0], out[1])
+
+
+def logits_target(target):
+    """``verify(..., logits=True)``'s target: float32 / float16 / bfloat16 logits
+    [B, k+1, V] (NumPy or torch CPU), as NumPy float32 (exact widening)."""
+    return _arrays.float_to_numpy(target, "target")

@@ -92,6 +92,11 @@ typedef long long int64_t;
 #define DY_ST_Q_ZERO_AT_DRAFT 12
 #define DY_ST_DRAFT_OUT_OF_RANGE 13
 #define DY_ST_Q_INVALID 14
+#define DY_ST_TARGET_ZERO_MASS 15
+#define DY_ST_TEMPERATURE_INVALID 16
+#define DY_ST_TOP_K_INVALID 17
+#define DY_ST_TOP_P_INVALID 18
+#define DY_ST_MIN_P_INVALID 19
 #define DY_ST_RNG_EXHAUSTED 20
 
 /* Philox4x32 constants (Random123). */

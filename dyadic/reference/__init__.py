@@ -8,10 +8,12 @@ backend; the row-level modules are the specification itself:
   integer exponential.
 - ``allocation``: floor + largest remainders / floor-first, top-k support.
 - ``sampling``: draws, acceptance, residual, verification of one request.
+- ``target_logits``: the processed target of ``verify(..., logits=True)``
+  (temperature, min-p, top-k, top-p on exact integer weights).
 - ``distribution``: exact output distributions (fractions) for the proofs.
 """
 
-from . import allocation, distribution, fixedpoint, philox, sampling
+from . import allocation, distribution, fixedpoint, philox, sampling, target_logits
 
 
 def allocate(x, **kwargs):
@@ -42,7 +44,10 @@ def philox4x32(counter, key, rounds=10):
 
 first_token_distribution = distribution.first_token_distribution
 target_distribution = distribution.target_distribution
+first_token_distribution_logits = distribution.first_token_distribution_logits
+logits_target_distribution = target_logits.target_distribution
 
 __all__ = ["allocate", "draw", "propose", "verify", "philox4x32", "first_token_distribution",
-           "target_distribution", "allocation", "distribution", "fixedpoint", "philox",
-           "sampling"]
+           "target_distribution", "first_token_distribution_logits", "logits_target_distribution",
+           "allocation", "distribution", "fixedpoint", "philox",
+           "sampling", "target_logits"]

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _spec, _status
 from .._backend import Backend
-from . import allocation, philox, sampling
+from . import allocation, philox, sampling, target_logits
 
 _POLICIES = {code: name for name, code in _spec.POLICY_CODES.items()}
 
@@ -88,6 +88,7 @@ def _fail_alloc(counts, ids, b):
 
 class ReferenceBackend(Backend):
     name = "reference"
+    has_logits_verify = True
 
     def philox4x32(self, counters, keys, rounds, out):
         for n in range(counters.shape[0]):
@@ -156,45 +157,69 @@ class ReferenceBackend(Backend):
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
                position, accepted, tokens, status):
-        if target.ndim != 3 or target.shape[1] < 1:
-            raise ValueError(f"target: shape {tuple(target.shape)} must be [B, k+1, V] "
-                             f"with k+1 >= 1")
-        bsz, k1, v = target.shape
-        _vocab("target", v)
-        _shape("draft", draft, (bsz, k1 - 1))
-        if q_counts is None:
-            if q_ids is not None:
-                raise ValueError("q_ids: given without q_counts")
-        else:
-            if q_counts.ndim != 3 or q_counts.shape[:2] != (bsz, k1 - 1):
-                raise ValueError(f"q_counts: shape {tuple(q_counts.shape)} must be "
-                                 f"({bsz}, {k1 - 1}, W)")
-            if q_ids is None and q_counts.shape[2] != v:
-                raise ValueError(f"q_counts: dense width {q_counts.shape[2]} must equal the "
-                                 f"target's vocabulary {v}")
-            if q_ids is not None:
-                _shape("q_ids", q_ids, q_counts.shape)
-        _shape("greedy", greedy, (bsz,))
-        _key_shapes("verify", bsz, seed, generation, round, position)
-        _shape("accepted", accepted, (bsz,))
-        _shape("tokens", tokens, (bsz, k1))
-        _shape("status", status, (bsz,))
         bits = target.view(np.uint32)
-        for b in range(bsz):
-            q_rows = None
-            if q_counts is not None:
-                q_rows = []
-                for i in range(k1 - 1):
-                    if q_ids is None:
-                        q_rows.append(q_counts[b, i].tolist())
-                    else:
-                        q_rows.append((q_ids[b, i].tolist(), q_counts[b, i].tolist()))
-            try:
-                st, acc, toks = sampling.verify_row(
-                    [bits[b, i].tolist() for i in range(k1)], draft[b].tolist(), q_rows,
-                    _keys(seed, generation, round, b), int(position[b]), bool(greedy[b]))
-            except RuntimeError:
-                st, acc, toks = _status.RNG_EXHAUSTED, 0, None
-            status[b] = st
-            accepted[b] = acc if not st else 0
-            tokens[b] = toks if not st else -1
+        _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
+                     accepted, tokens, status,
+                     lambda b, d, q, keys, pos: sampling.verify_row(
+                         [bits[b, i].tolist() for i in range(target.shape[1])], d, q, keys,
+                         pos, bool(greedy[b])))
+
+    def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
+                      min_p, seed, generation, round, position, accepted, tokens, status):
+        bsz = target.shape[0] if target.ndim == 3 else 0
+        for name, a in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                        ("min_p", min_p)):
+            _shape(name, a, (bsz,))
+        p_bits, m_bits = top_p.view(np.uint32), min_p.view(np.uint32)
+        _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
+                     accepted, tokens, status,
+                     lambda b, d, q, keys, pos: target_logits.verify_row_logits(
+                         [target[b, i].tolist() for i in range(target.shape[1])], d, q, keys,
+                         pos, bool(greedy[b]), float(temperature[b]), int(top_k[b]),
+                         int(p_bits[b]), int(m_bits[b])))
+
+
+def _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
+                 accepted, tokens, status, row_fn):
+    """The shape checks and the request loop of verify / verify_logits; ``row_fn(b, draft,
+    q_rows, keys, position)`` decides request ``b``."""
+    if target.ndim != 3 or target.shape[1] < 1:
+        raise ValueError(f"target: shape {tuple(target.shape)} must be [B, k+1, V] "
+                         f"with k+1 >= 1")
+    bsz, k1, v = target.shape
+    _vocab("target", v)
+    _shape("draft", draft, (bsz, k1 - 1))
+    if q_counts is None:
+        if q_ids is not None:
+            raise ValueError("q_ids: given without q_counts")
+    else:
+        if q_counts.ndim != 3 or q_counts.shape[:2] != (bsz, k1 - 1):
+            raise ValueError(f"q_counts: shape {tuple(q_counts.shape)} must be "
+                             f"({bsz}, {k1 - 1}, W)")
+        if q_ids is None and q_counts.shape[2] != v:
+            raise ValueError(f"q_counts: dense width {q_counts.shape[2]} must equal the "
+                             f"target's vocabulary {v}")
+        if q_ids is not None:
+            _shape("q_ids", q_ids, q_counts.shape)
+    _shape("greedy", greedy, (bsz,))
+    _key_shapes("verify", bsz, seed, generation, round, position)
+    _shape("accepted", accepted, (bsz,))
+    _shape("tokens", tokens, (bsz, k1))
+    _shape("status", status, (bsz,))
+    for b in range(bsz):
+        q_rows = None
+        if q_counts is not None:
+            q_rows = []
+            for i in range(k1 - 1):
+                if q_ids is None:
+                    q_rows.append(q_counts[b, i].tolist())
+                else:
+                    q_rows.append((q_ids[b, i].tolist(), q_counts[b, i].tolist()))
+        try:
+            st, acc, toks = row_fn(b, draft[b].tolist(), q_rows,
+                                   _keys(seed, generation, round, b), int(position[b]))
+        except RuntimeError:
+            st, acc, toks = _status.RNG_EXHAUSTED, 0, None
+        status[b] = st
+        accepted[b] = acc if not st else 0
+        tokens[b] = toks if not st else -1

@@ -46,6 +46,12 @@ def first_token_distribution(target_bits, q_dense):
     status, p, total = fixedpoint.target_row_fixed(target_bits)
     if status:
         raise ValueError(_status.message(status, 0))
+    return first_token_distribution_fixed(p, total, q_dense)
+
+
+def first_token_distribution_fixed(p, total, q_dense):
+    """``first_token_distribution`` on a converted target row: ``p`` the integer
+    target P_v, ``total`` = sum P (the decisions of ``sampling.verify_fixed_rows``)."""
     out = [Fraction(0)] * len(p)
     res = residual_distribution(p, total, q_dense)
     for d, c in enumerate(q_dense):
@@ -58,3 +64,29 @@ def first_token_distribution(target_bits, q_dense):
             for v, rv in enumerate(res):
                 out[v] += qd * (1 - acc) * rv
     return out
+
+
+def first_token_distribution_logits(xs, q_dense, *, temperature=1.0, top_k=0, top_p=1.0,
+                                    min_p=0.0, greedy=False):
+    """Exact law of the first emitted token of ``verify(..., logits=True)`` at one
+    position, for one logits row ``xs`` (Python floats, exact float32 values) and
+    the request's parameters (top_p, min_p converted to float32 as the API does).
+
+    Non-greedy: the decisions on the processed target ``(P, T)`` of
+    ``target_logits.target_row``.  Greedy (``greedy`` or temperature 0): d is
+    emitted when it is the argmax, else the argmax is; no randomness.  The tests
+    compare the result with ``target_logits.target_distribution``."""
+    from . import target_logits
+
+    st, p, total, arg = target_logits.target_row(
+        xs, greedy, float(temperature), int(top_k), target_logits.param_bits(top_p),
+        target_logits.param_bits(min_p))
+    if st:
+        raise ValueError(_status.message(st, 0))
+    if greedy or temperature == 0:
+        out = [Fraction(0)] * len(xs)
+        for d, c in enumerate(q_dense):
+            if c:
+                out[d if d == arg else arg] += Fraction(c, _spec.TOTAL)
+        return out
+    return first_token_distribution_fixed(p, total, q_dense)

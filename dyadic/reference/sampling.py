@@ -130,21 +130,32 @@ def verify_row(target_bits, draft, q_rows, keys, position, greedy):
 
     The rules are checked in this order, the first that fails decides the
     status (docs/semantics.md, section 6): every target row (TARGET_*);
-    every draft id in [0, V) (DRAFT_OUT_OF_RANGE, greedy requests too);
-    then, for non-greedy requests, every q row: a sparse row in full, a dense
-    row at its draft (a count <= 2**24) (Q_INVALID); then q_i(d_i) > 0 for
-    every draft (Q_ZERO_AT_DRAFT).  The residual at a rejection reads its q
-    row in full: a row whose counts do not sum to 2**24 fails there
-    (Q_INVALID).
+    then the rules of ``verify_fixed_rows``.
     """
-    k = len(draft)
-    vocab = len(target_bits[0])
     fixed = []
     for row in target_bits:
         status, p, total = fixedpoint.target_row_fixed(row)
         if status:
             return status, 0, None
         fixed.append((p, total))
+    argmaxes = [first_argmax(row) for row in target_bits] if greedy else None
+    return verify_fixed_rows(fixed, argmaxes, draft, q_rows, keys, position, greedy)
+
+
+def verify_fixed_rows(fixed, argmaxes, draft, q_rows, keys, position, greedy):
+    """The decisions of one request on its converted target rows.
+
+    ``fixed``: k+1 pairs ``(P, T)`` (P a list of V ints, T = sum P, 1 <= T <=
+    2**63); ``argmaxes``: the k+1 greedy argmaxes (read only when ``greedy``);
+    the other arguments as ``verify_row``.  Rules, in order: every draft id
+    in [0, V) (DRAFT_OUT_OF_RANGE, greedy requests too); then, for non-greedy
+    requests, every q row: a sparse row in full, a dense row at its draft (a
+    count <= 2**24) (Q_INVALID); then q_i(d_i) > 0 for every draft
+    (Q_ZERO_AT_DRAFT).  The residual at a rejection reads its q row in full:
+    a row whose counts do not sum to 2**24 fails there (Q_INVALID).
+    """
+    k = len(draft)
+    vocab = len(fixed[0][0])
     if not all(0 <= d < vocab for d in draft):
         return _status.DRAFT_OUT_OF_RANGE, 0, None
     dense_q = []
@@ -172,7 +183,7 @@ def verify_row(target_bits, draft, q_rows, keys, position, greedy):
     for i, d in enumerate(draft):
         p, total = fixed[i]
         if greedy:
-            best = first_argmax(target_bits[i])
+            best = argmaxes[i]
             ok = d == best
         else:
             ok = accept(p[d], total, dense_q[i][d], keys, position + i)
@@ -187,5 +198,5 @@ def verify_row(target_bits, draft, q_rows, keys, position, greedy):
             tokens.append(draw_weighted(residual(p, total, dense_q[i]), keys, position + i))
         return _status.OK, i, tokens + [-1] * (k - i)
     p, total = fixed[k]
-    tokens.append(first_argmax(target_bits[k]) if greedy else draw_weighted(p, keys, position + k))
+    tokens.append(argmaxes[k] if greedy else draw_weighted(p, keys, position + k))
     return _status.OK, k, tokens
