@@ -10,7 +10,7 @@ code, so memory safety does not rest on the Python layer's validation.
 """
 import numpy as np
 cimport numpy as cnp
-from libc.stdint cimport uint32_t, int32_t, uint64_t, uint8_t
+from libc.stdint cimport uint32_t, int32_t, uint64_t, uint8_t, int64_t
 include "dyadic_core.pxi"
 
 cnp.import_array()
@@ -238,3 +238,72 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
             status[b] = dy_verify_row_host(&t[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V,
                                       greedy[b], seed[b], generation[b], round[b], position[b],
                                       &ws[0], &accepted[b], &tokens[b, 0])
+
+
+def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_counts, q_ids,
+                  const uint8_t[::1] greedy, const double[::1] temperature,
+                  const int64_t[::1] top_k, top_p, min_p, const uint64_t[::1] seed,
+                  const uint32_t[::1] generation, const uint32_t[::1] round,
+                  const uint32_t[::1] position, int32_t[::1] accepted, int32_t[:, ::1] tokens,
+                  int32_t[::1] status):
+    """verify(..., logits=True): target float32 logits [B, k+1, V]; temperature
+    float64 [B], top_k int64 [B], top_p / min_p float32 [B] (read as bits).  Shapes
+    are checked here (ValueError naming the array); the parameters, target rows,
+    ids and counts are checked by dy_verify_logits_row_host, which fails a bad
+    request closed with its status."""
+    cdef Py_ssize_t b, B = target.shape[0]
+    cdef Py_ssize_t k1 = target.shape[1], Vs = target.shape[2]
+    cdef uint32_t k, V, W
+    cdef const uint32_t[::1] tp = top_p.view(np.uint32)
+    cdef const uint32_t[::1] mp = min_p.view(np.uint32)
+    cdef const uint32_t[:, :, ::1] qc
+    cdef const int32_t[:, :, ::1] qi
+    cdef const uint32_t *qcp = NULL
+    cdef const int32_t *qip = NULL
+    cdef bint has_q = q_counts is not None, has_ids = q_ids is not None
+    if k1 < 1:
+        raise ValueError(f"target: shape ({B}, {k1}, {Vs}) must be [B, k+1, V] with k+1 >= 1")
+    _vocab("target", Vs)
+    k = <uint32_t>(k1 - 1)
+    V = <uint32_t>Vs
+    W = V
+    _shape2("draft", draft.shape[0], draft.shape[1], B, k1 - 1)
+    if has_q:
+        qc = q_counts
+        if qc.shape[0] != B or qc.shape[1] != k1 - 1:
+            raise ValueError(f"q_counts: shape ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]}) "
+                             f"must be ({B}, {k1 - 1}, W)")
+        if not has_ids and qc.shape[2] != Vs:
+            raise ValueError(f"q_counts: dense width {qc.shape[2]} must equal the target's "
+                             f"vocabulary {Vs}")
+        W = <uint32_t>qc.shape[2]
+    if has_ids:
+        if not has_q:
+            raise ValueError("q_ids: given without q_counts")
+        qi = q_ids
+        if qi.shape[0] != qc.shape[0] or qi.shape[1] != qc.shape[1] or qi.shape[2] != qc.shape[2]:
+            raise ValueError(f"q_ids: shape ({qi.shape[0]}, {qi.shape[1]}, {qi.shape[2]}) must "
+                             f"be ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]})")
+    _shape1("greedy", greedy.shape[0], B)
+    _shape1("temperature", temperature.shape[0], B)
+    _shape1("top_k", top_k.shape[0], B)
+    _shape1("top_p", tp.shape[0], B)
+    _shape1("min_p", mp.shape[0], B)
+    _key_shapes("verify", B, seed.shape[0], generation.shape[0], round.shape[0],
+                position.shape[0], B)
+    _shape1("accepted", accepted.shape[0], B)
+    _shape2("tokens", tokens.shape[0], tokens.shape[1], B, k1)
+    _shape1("status", status.shape[0], B)
+    cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_verify_logits_ws_words(V, k), np.uint64)
+    with nogil:
+        for b in range(B):
+            qcp = NULL
+            qip = NULL
+            if has_q and k:
+                qcp = &qc[b, 0, 0]
+            if has_ids and k:
+                qip = &qi[b, 0, 0]
+            status[b] = dy_verify_logits_row_host(
+                &target[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V, greedy[b],
+                temperature[b], top_k[b], tp[b], mp[b], seed[b], generation[b], round[b],
+                position[b], &ws[0], &accepted[b], &tokens[b, 0])

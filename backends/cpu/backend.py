@@ -11,6 +11,7 @@ from . import _kernels
 
 class CpuBackend(Backend):
     name = "cpu"
+    has_logits_verify = True
 
     def usable(self):
         return True
@@ -34,3 +35,9 @@ class CpuBackend(Backend):
                position, accepted, tokens, status):
         _kernels.verify(target, draft, q_counts, q_ids, greedy, seed, generation, round,
                         position, accepted, tokens, status)
+
+    def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
+                      min_p, seed, generation, round, position, accepted, tokens, status):
+        _kernels.verify_logits(target, draft, q_counts, q_ids, greedy, temperature, top_k,
+                               top_p, min_p, seed, generation, round, position, accepted,
+                               tokens, status)

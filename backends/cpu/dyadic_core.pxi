@@ -1,5 +1,5 @@
 # C API of backends/include/dyadic_core.h used by the CPU backend.
-from libc.stdint cimport uint32_t, int32_t, uint64_t
+from libc.stdint cimport uint32_t, int32_t, uint64_t, int64_t
 
 cdef extern from "dyadic_core.h" nogil:
     enum: DY_MAX_VOCAB
@@ -32,3 +32,11 @@ cdef extern from "dyadic_core.h" nogil:
                            const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
                            int greedy, uint64_t seed, uint32_t generation, uint32_t round,
                            uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens)
+    uint64_t dy_verify_logits_ws_words(uint32_t vocab, uint32_t k)
+    int dy_verify_logits_row_host(const float *target, const int32_t *draft,
+                                  const uint32_t *q_counts, const int32_t *q_ids, uint32_t width,
+                                  uint32_t k, uint32_t vocab, int greedy, double temperature,
+                                  int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
+                                  uint64_t seed, uint32_t generation, uint32_t round,
+                                  uint32_t position, uint64_t *ws, int32_t *accepted,
+                                  int32_t *tokens)

@@ -1524,4 +1524,352 @@ DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
 }
 #endif /* !DY_CUDA */
 
+/* ============ target logits (target_logits.py): verify(..., logits=True) ============
+ * One target row of logits and its request's sampling parameters become the
+ * processed integer target P (docs/semantics.md, section 2 "Target logits"):
+ * z = x / temperature (binary64), W = dy_weight_from_gap(zmax - z) (the
+ * exponential of allocate), then min-p, top-k and top-p on the ranking by z
+ * (descending, ties to the lowest id).  Plain functions without heap
+ * allocation (NVRTC compiles them too); the caller passes the workspace. */
+
+/* ceil(f * 2**24) of a finite float32 f >= 0 given as bits (target_logits.f32_ceil24). */
+DY_FUNC uint64_t dy_f32_ceil24(uint32_t bits) {
+    uint32_t mag = bits & 0x7FFFFFFFu;
+    uint64_t m = dy_f32_mant(mag);
+    int s = dy_f32_exp(mag) + DY_TOTAL_BITS;
+    if (s >= 0) return s < 40 ? m << s : 0; /* s <= 1 for f <= 1 (the callers' range) */
+    if (s <= -40) return m ? 1u : 0u;
+    return (m + ((1ull << -s) - 1u)) >> -s;
+}
+
+/* The status of one request's sampling parameters (target_logits.params_status):
+ * temperature finite and >= 0; top_k >= 0; top_p in (0, 1]; min_p in [0, 1]
+ * (float32 bits; -0.0 counts as 0). */
+DY_FUNC int dy_logits_params_status(double temperature, int64_t top_k, uint32_t top_p_bits,
+                                    uint32_t min_p_bits) {
+    if (!(temperature >= 0.0 && temperature < dy_inf())) return DY_ST_TEMPERATURE_INVALID;
+    if (top_k < 0) return DY_ST_TOP_K_INVALID;
+    if (!(top_p_bits - 1u < 0x3F800000u)) return DY_ST_TOP_P_INVALID;
+    if (!(min_p_bits <= 0x3F800000u || min_p_bits == 0x80000000u)) return DY_ST_MIN_P_INVALID;
+    return DY_ST_OK;
+}
+
+/* Argmax of a logits row by float value, ties to the lowest id, -0.0 == 0.0
+ * (target_logits.logits_argmax): NaN or +inf -> TARGET_INVALID_VALUE, every
+ * value -inf -> TARGET_ZERO_MASS. */
+DY_FUNC int dy_logits_argmax(const float *x, uint32_t vocab, int32_t *argmax) {
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t v, arg = 0;
+    int found = 0;
+    float best = 0.0f;
+    for (v = 0; v < vocab; v++) {
+        uint32_t b = bits[v];
+        if ((b & 0x7FFFFFFFu) > 0x7F800000u || b == 0x7F800000u) return DY_ST_TARGET_INVALID_VALUE;
+        if (b == 0xFF800000u) continue;
+        if (!found || x[v] > best) {
+            best = x[v];
+            arg = v;
+            found = 1;
+        }
+    }
+    if (!found) return DY_ST_TARGET_ZERO_MASS;
+    *argmax = (int32_t)arg;
+    return DY_ST_OK;
+}
+
+/* Weighted selection for top-p: over n candidates (order keys key[j], masses
+ * p[id[j]] > 0, positions j ascending = ids ascending) the shortest prefix of
+ * the order (key descending, position ascending) whose mass reaches need
+ * (1 <= need <= the total mass).  MSD radix on 8-bit digits, linear time.
+ * Returns tau (the key of the token that ends the prefix) and *rest: the mass
+ * still needed among the candidates with key == tau, taken in ascending
+ * position.  Every candidate with key > tau is in the prefix.  idx: n words. */
+DY_FUNC void dy_select_mass(const uint64_t *key, const uint64_t *p, const uint32_t *id,
+                            uint32_t n, uint64_t need, uint32_t *idx, uint64_t *tau,
+                            uint64_t *rest) {
+    uint64_t hist[256], prefix = 0;
+    uint32_t m = n, i;
+    int sh = 56, b, have_idx = 0;
+    for (;;) {
+        uint64_t acc = 0;
+        for (b = 0; b < 256; b++) hist[b] = 0;
+        for (i = 0; i < m; i++) {
+            uint32_t j = have_idx ? idx[i] : i;
+            hist[(key[j] >> sh) & 0xFFu] += p[id[j]];
+        }
+        for (b = 255; b > 0; b--) {
+            if (acc + hist[b] >= need) break;
+            acc += hist[b];
+        }
+        need -= acc;
+        prefix |= (uint64_t)b << sh;
+        {
+            uint32_t m2 = 0;
+            for (i = 0; i < m; i++) {
+                uint32_t j = have_idx ? idx[i] : i;
+                if (((key[j] >> sh) & 0xFFu) == (uint32_t)b) idx[m2++] = j;
+            }
+            m = m2;
+            have_idx = 1;
+        }
+        if (sh == 0) break;
+        sh -= 8;
+    }
+    *tau = prefix;
+    *rest = need;
+}
+
+/* Workspace of dy_logits_target_row, in uint64_t words. */
+DY_FUNC uint64_t dy_logits_target_ws_words(uint32_t vocab) { return 2ull * vocab; }
+
+/* The processed target of one logits row at temperature > 0
+ * (target_logits.processed_row): p [V] receives P_v (W_v on the kept tokens,
+ * else 0), *total = T = sum P (2**39 <= T <= 2**63), *argmax the first token
+ * of the ranking.  Parameters already validated (dy_logits_params_status).
+ * ws: dy_logits_target_ws_words(V) words.  Returns a status
+ * (TARGET_INVALID_VALUE for NaN / +inf in z, TARGET_ZERO_MASS). */
+DY_FUNC int dy_logits_target_row(const float *x, uint32_t vocab, double temperature,
+                                 int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
+                                 uint64_t *p, uint64_t *ws, uint64_t *total, int32_t *argmax) {
+    const double inf = dy_inf();
+    uint64_t *key = ws;
+    uint32_t *id = (uint32_t *)(ws + vocab);
+    uint32_t *idx = id + vocab;
+    double zmax = -inf;
+    uint32_t v, j, n = 0, arg = 0;
+    uint64_t mpw, u, t = 0;
+    for (v = 0; v < vocab; v++) {
+        double z = dy_effective_logit(x[v], DY_NULL, v, temperature);
+        if (!(z < inf)) return DY_ST_TARGET_INVALID_VALUE;
+        if (z > zmax) {
+            zmax = z;
+            arg = v;
+        }
+    }
+    if (!(zmax > -inf)) return DY_ST_TARGET_ZERO_MASS;
+    /* min-p: W * 2**24 >= mp * 2**39 (both sides <= 2**63); -inf is in no ranking */
+    mpw = dy_f32_ceil24(min_p_bits) << DY_WEIGHT_BITS;
+    for (v = 0; v < vocab; v++) {
+        double z = dy_effective_logit(x[v], DY_NULL, v, temperature);
+        uint64_t w = dy_weight_from_gap(zmax - z);
+        p[v] = 0;
+        if (z > -inf && (w << DY_TOTAL_BITS) >= mpw) {
+            key[n] = dy_order_key(z);
+            id[n] = v;
+            p[v] = w;
+            n++;
+        }
+    }
+    /* top-k: the first top_k survivors of the ranking */
+    if (top_k > 0 && (uint64_t)top_k < n) {
+        uint64_t tau;
+        uint32_t need = dy_select_top(key, n, (uint32_t)top_k, 64, idx, &tau), ties = 0, m = 0;
+        for (j = 0; j < n; j++) {
+            int keep = key[j] > tau;
+            if (key[j] == tau && ties < need) {
+                ties++;
+                keep = 1;
+            }
+            if (keep) {
+                key[m] = key[j];
+                id[m] = id[j];
+                m++;
+            } else {
+                p[id[j]] = 0;
+            }
+        }
+        n = m;
+    }
+    /* top-p: the shortest ranked prefix of the survivors reaching ceil(u Ts / 2**24);
+     * u = 2**24 keeps every survivor with W > 0 (the same P) */
+    u = dy_f32_ceil24(top_p_bits);
+    if (u < DY_TOTAL) {
+        uint64_t ts = 0, need, tau, rest, cum = 0;
+        uint32_t m = 0;
+        for (j = 0; j < n; j++) ts += p[id[j]];
+        need = dy_shr128(dy_add128(dy_mul64(u, ts), dy_from64(DY_TOTAL - 1u)), DY_TOTAL_BITS).lo;
+        /* tokens with W = 0 carry no mass and never end the prefix */
+        for (j = 0; j < n; j++) {
+            if (p[id[j]]) {
+                key[m] = key[j];
+                id[m] = id[j];
+                m++;
+            }
+        }
+        n = m;
+        dy_select_mass(key, p, id, n, need, idx, &tau, &rest);
+        for (j = 0; j < n; j++) {
+            if (key[j] > tau) continue;
+            if (key[j] == tau && cum < rest) {
+                cum += p[id[j]];
+                continue;
+            }
+            p[id[j]] = 0;
+        }
+    }
+    for (v = 0; v < vocab; v++) t += p[v];
+    *total = t;
+    *argmax = (int32_t)arg;
+    return DY_ST_OK;
+}
+
+#if !defined(DY_CUDA)
+/* ============ host verify from target logits (CPU only) ============ */
+
+/* Workspace of dy_verify_logits_row_host, in uint64_t words. */
+DY_FUNC uint64_t dy_verify_logits_ws_words(uint32_t vocab, uint32_t k) {
+    return (uint64_t)(k + 1u) * vocab + 2ull * (k + 1u) + dy_logits_target_ws_words(vocab);
+}
+
+/* The residual draw on a processed target row p [V] with total T; q as in
+ * dy_residual_draw_host (a sparse row validated by dy_sparse_row_valid); a
+ * dense row whose counts do not sum to 2**24 gives DY_ST_Q_INVALID. */
+DY_FUNC int dy_residual_draw_fixed(const uint64_t *p, const uint32_t *qc, const int32_t *qi,
+                                   uint32_t width, uint32_t vocab, int32_t d, uint64_t total,
+                                   uint64_t seed, uint32_t generation, uint32_t round,
+                                   uint32_t pos, int32_t *tok) {
+    uint32_t v, nv = 0, idx = 0;
+    dy_u128 sum = dy_make128(0, 0), x, acc = dy_make128(0, 0);
+    int st;
+    *tok = -1;
+    if (qc && !qi) {
+        uint64_t s = 0;
+        for (v = 0; v < vocab; v++) s += qc[v];
+        if (s != DY_TOTAL) return DY_ST_Q_INVALID;
+    }
+    if (qc && qi)
+        while (nv < width && qi[nv] >= 0) nv++;
+    for (v = 0; v < vocab; v++) {
+        uint32_t c = qc ? (qi ? dy_sparse_at(qc, qi, nv, v) : qc[v])
+                        : ((int32_t)v == d ? DY_TOTAL : 0u);
+        sum = dy_add128(sum, dy_residual(p[v], c, total));
+    }
+    if (dy_is_zero128(sum)) return DY_ST_ALLOC_INCONSISTENT; /* unreachable for a valid q */
+    st = dy_uniform_below_u128(sum, seed, generation, round, pos, DY_DOMAIN_CORRECTION, &idx, &x);
+    if (st) return st;
+    for (v = 0; v < vocab; v++) {
+        uint32_t c = qc ? (qi ? dy_sparse_at(qc, qi, nv, v) : qc[v])
+                        : ((int32_t)v == d ? DY_TOTAL : 0u);
+        acc = dy_add128(acc, dy_residual(p[v], c, total));
+        if (dy_lt128(x, acc)) {
+            *tok = (int32_t)v;
+            return DY_ST_OK;
+        }
+    }
+    return DY_ST_ALLOC_INCONSISTENT; /* unreachable */
+}
+
+/* One request of verify(..., logits=True) (target_logits.verify_row_logits).
+ * target: float32 logits [(k+1), V]; the rest as dy_verify_row_host, plus the
+ * request's parameters (top_p, min_p as float32 bits).  Checks in order: the
+ * parameters (TEMPERATURE_INVALID, TOP_K_INVALID, TOP_P_INVALID,
+ * MIN_P_INVALID), every target row (TARGET_INVALID_VALUE, TARGET_ZERO_MASS),
+ * draft ids, q rows, q(d) > 0, then the decisions of section 5 on the
+ * processed P and T.  Greedy when `greedy` or temperature 0.
+ * ws: dy_verify_logits_ws_words(V, k) words. */
+DY_FUNC int dy_verify_logits_row_host(const float *target, const int32_t *draft,
+                                      const uint32_t *q_counts, const int32_t *q_ids,
+                                      uint32_t width, uint32_t k, uint32_t vocab, int greedy,
+                                      double temperature, int64_t top_k, uint32_t top_p_bits,
+                                      uint32_t min_p_bits, uint64_t seed, uint32_t generation,
+                                      uint32_t round, uint32_t position, uint64_t *ws,
+                                      int32_t *accepted, int32_t *tokens) {
+    uint64_t *pall = ws;
+    uint64_t *totals = ws + (uint64_t)(k + 1u) * vocab;
+    uint64_t *args = totals + k + 1u;
+    uint64_t *rws = args + k + 1u;
+    uint32_t i;
+    int st;
+    *accepted = 0;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    st = dy_logits_params_status(temperature, top_k, top_p_bits, min_p_bits);
+    if (st) return st;
+    greedy = greedy || temperature == 0.0;
+    for (i = 0; i <= k; i++) {
+        const float *row = target + (uint64_t)i * vocab;
+        int32_t a = 0;
+        if (greedy) {
+            st = dy_logits_argmax(row, vocab, &a);
+            totals[i] = 1;
+        } else {
+            st = dy_logits_target_row(row, vocab, temperature, top_k, top_p_bits, min_p_bits,
+                                      pall + (uint64_t)i * vocab, rws, &totals[i], &a);
+        }
+        if (st) return st;
+        args[i] = (uint64_t)a;
+    }
+    for (i = 0; i < k; i++)
+        if (draft[i] < 0 || (uint32_t)draft[i] >= vocab) return DY_ST_DRAFT_OUT_OF_RANGE;
+    if (!greedy && q_counts) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts + (uint64_t)i * width;
+            if (q_ids ? !dy_sparse_row_valid(qc, q_ids + (uint64_t)i * width, width, vocab)
+                      : qc[draft[i]] > DY_TOTAL)
+                return DY_ST_Q_INVALID;
+        }
+    }
+    if (!greedy) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
+        }
+    }
+    for (i = 0; i < k; i++) {
+        const uint64_t *p = pall + (uint64_t)i * vocab;
+        const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+        const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+        int32_t d = draft[i], tok;
+        int ok;
+        if (greedy) {
+            int32_t best = (int32_t)args[i];
+            tokens[i] = best;
+            if (d == best) continue;
+            *accepted = (int32_t)i;
+            return DY_ST_OK;
+        }
+        st = dy_accept(p[d], totals[i], dy_q_count(qc, qi, width, d, d), seed, generation, round,
+                       position + i, &ok);
+        if (st) break;
+        if (ok) {
+            tokens[i] = d;
+            continue;
+        }
+        st = dy_residual_draw_fixed(p, qc, qi, width, vocab, d, totals[i], seed, generation,
+                                    round, position + i, &tok);
+        if (st) break;
+        tokens[i] = tok;
+        *accepted = (int32_t)i;
+        return DY_ST_OK;
+    }
+    if (!st) {
+        if (greedy) {
+            tokens[k] = (int32_t)args[k];
+        } else {
+            const uint64_t *p = pall + (uint64_t)k * vocab;
+            uint64_t x, acc = 0;
+            uint32_t idx = 0, v;
+            st = dy_uniform_below_u64(totals[k], seed, generation, round, position + k,
+                                      DY_DOMAIN_CORRECTION, &idx, &x);
+            if (!st) {
+                for (v = 0; v < vocab; v++) {
+                    acc += p[v];
+                    if (acc > x) {
+                        tokens[k] = (int32_t)v;
+                        break;
+                    }
+                }
+            }
+        }
+        if (!st) {
+            *accepted = (int32_t)k;
+            return DY_ST_OK;
+        }
+    }
+    *accepted = 0;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    return st;
+}
+#endif /* !DY_CUDA */
+
 #endif /* DYADIC_CORE_H */
