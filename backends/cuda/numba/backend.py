@@ -27,7 +27,7 @@ if not hasattr(np, "row_stack"):  # before numba.cuda is first imported (numpy 2
 
 from numba import cuda  # noqa: E402
 
-from . import core, kernels as K  # noqa: E402
+from . import core, kernels as K, logits as L  # noqa: E402
 from ...._backend import Backend  # noqa: E402
 
 
@@ -132,6 +132,7 @@ def _dummy(dtype, ndim):
 
 class NumbaBackend(Backend):
     name = "numba"
+    has_logits_verify = True
     #: launches go through numba's own stream handling and copies: not capturable
     #: in a CUDA graph (the backend's job is correctness, not speed).
     graph_capturable = False
@@ -241,4 +242,35 @@ class NumbaBackend(Backend):
         K.verify_kernel[blocks, _tpb()](
             _in(target, np.uint32), _in(draft), d_qc, d_qi, qmode, _in(greedy),
             *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, tot, rh, rl, qd)
+        outs.finish()
+
+    def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
+                      min_p, seed, generation, round, position, accepted, tokens, status):
+        _need(len(_shape(target)) == 3 and _dim(target, 1) >= 1,
+              f"target: shape {_shape(target)}, expected [B, k+1, V]")
+        bsz, k1, v = _shape(target)
+        width = v if q_counts is None or q_ids is None else _dim(q_counts, 2)
+        _need(q_ids is None or q_counts is not None, "q_ids without q_counts")
+        _check_rows(bsz, draft=(draft, (k1 - 1,)), q_counts=(q_counts, (k1 - 1, width)),
+                    q_ids=(q_ids, (k1 - 1, width)), greedy=(greedy, ()),
+                    temperature=(temperature, ()), top_k=(top_k, ()), top_p=(top_p, ()),
+                    min_p=(min_p, ()), accepted=(accepted, ()), tokens=(tokens, (k1,)),
+                    status=(status, ()))
+        _check_keys((seed, generation, round, position), bsz)
+        if q_counts is None:
+            qmode, d_qc, d_qi = 0, _dummy(np.uint32, 3), _dummy(np.int32, 3)
+        elif q_ids is None:
+            qmode, d_qc, d_qi = 1, _in(q_counts), _dummy(np.int32, 3)
+        else:
+            qmode, d_qc, d_qi = 2, _in(q_counts), _in(q_ids)
+        outs = _Outs()
+        d_acc, d_tok, d_st = outs(accepted), outs(tokens), outs(status)
+        slots = max(1, min(bsz, L.MAX_SLOTS))
+        scratch = [cuda.device_array((slots, v), dtype=dt)
+                   for dt in (np.uint64, np.uint64, np.int64, np.int64)]
+        tpb = 32
+        L.verify_logits_kernel[(slots + tpb - 1) // tpb, tpb](
+            _in(target), _in(draft), d_qc, d_qi, qmode, _in(greedy), _in(temperature),
+            _in(top_k), _in(top_p, np.uint32), _in(min_p, np.uint32),
+            *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, *scratch)
         outs.finish()

@@ -1,0 +1,407 @@
+"""Numba-CUDA kernel of ``verify(..., logits=True)`` for the ``numba`` backend.
+
+One thread per request (a grid-stride loop over requests; the scratch rows
+belong to a thread slot, not to a request): the thread checks the request's
+parameters, builds the processed target of each row (docs/semantics.md,
+section 2 "Target logits"; dyadic/reference/target_logits.py) in its scratch
+row and decides the request as dyadic/reference/sampling.verify_fixed_rows.
+The processed target of a row is built once to check every row in order and
+again where a decision reads it (the rows are not all kept: the scratch is
+three rows of V words per slot).  The selections are the C core's
+(backends/include/dyadic_core.h: dy_select_top, dy_select_mass): MSD radix
+passes on 8-bit digits over the order keys of z.  Correctness, not speed, is
+this backend's job.
+
+Every id read from the data is checked before it addresses memory: draft ids
+in [0, V), sparse q rows in full (ids strictly ascending in [0, V), padding
+last, counts summing to 2**24), a dense q count at a draft <= 2**24, a dense q
+row summing to 2**24 where the residual reads it.  A request breaking a rule
+fails closed (status, accepted 0, tokens -1); the check order is that of
+``target_logits.verify_row_logits``.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from dyadic import _spec, _status
+
+from .core import (U, U0, U1, U24, U40, F32_MAG, F32_ONE, TOTAL, accept_decision, add128,
+                   device, f32_mant_exp, f64_key, key_words, lt128, mul64, sub128,
+                   uniform_below, weight_from_gap)
+
+U255 = U(255)
+U39 = U(_spec.WEIGHT_BITS)
+NEG_ZERO_F32 = U(0x80000000)
+DOMAIN_ACCEPTANCE = _spec.DOMAIN_ACCEPTANCE
+DOMAIN_CORRECTION = _spec.DOMAIN_CORRECTION
+PAD_ID = _spec.PAD_ID
+TARGET_INVALID_VALUE = _status.TARGET_INVALID_VALUE
+TARGET_ZERO_MASS = _status.TARGET_ZERO_MASS
+TEMPERATURE_INVALID = _status.TEMPERATURE_INVALID
+TOP_K_INVALID = _status.TOP_K_INVALID
+TOP_P_INVALID = _status.TOP_P_INVALID
+MIN_P_INVALID = _status.MIN_P_INVALID
+DRAFT_OUT_OF_RANGE = _status.DRAFT_OUT_OF_RANGE
+Q_INVALID = _status.Q_INVALID
+Q_ZERO_AT_DRAFT = _status.Q_ZERO_AT_DRAFT
+RNG_EXHAUSTED = _status.RNG_EXHAUSTED
+ALLOC_INCONSISTENT = _status.ALLOC_INCONSISTENT
+MAX_SLOTS = 256  # threads (and scratch rows) of one launch at most
+
+
+@device
+def f32_ceil24(bits):
+    """ceil(f * 2**24) of a finite float32 f >= 0 given as bits (uint64)."""
+    m, e = f32_mant_exp(bits & F32_MAG)
+    s = e + 24
+    if s >= 0:
+        if s < 40:
+            return m << U(s)
+        return U0
+    if s <= -40:
+        return U1 if m > U0 else U0
+    return (m + ((U1 << U(-s)) - U1)) >> U(-s)
+
+
+@device
+def params_status(t, top_k, pbits, mbits):
+    """target_logits.params_status (top_p / min_p as float32 bits in uint64)."""
+    if not (t >= 0.0 and t < math.inf):
+        return TEMPERATURE_INVALID
+    if top_k < 0:
+        return TOP_K_INVALID
+    if not (pbits >= U1 and pbits <= F32_ONE):
+        return TOP_P_INVALID
+    if not (mbits <= F32_ONE or mbits == NEG_ZERO_F32):
+        return MIN_P_INVALID
+    return 0
+
+
+@device
+def logits_argmax(xf, b, i, n):
+    """(status, argmax) of row (b, i) by float value, ties to the lowest id."""
+    best = 0.0
+    arg = -1
+    for v in range(n):
+        x = np.float64(xf[b, i, v])
+        if x != x or x == math.inf:
+            return TARGET_INVALID_VALUE, -1
+        if x == -math.inf:
+            continue
+        if arg < 0 or x > best:
+            best = x
+            arg = v
+    if arg < 0:
+        return TARGET_ZERO_MASS, -1
+    return 0, arg
+
+
+@device
+def radix_prefix(KEY, ID, P, s, n, need, weighted, IDX, hist):
+    """The k largest keys (``weighted`` False, need = k) or the shortest prefix of
+    mass ``need`` (``weighted``: masses P[s, ID[s, j]]) over KEY[s, :n] in the
+    order key descending, position ascending.  Returns (tau, rest): every key
+    above tau is in, and the first positions with key == tau up to a count
+    (mass) of rest."""
+    sh = 56
+    prefix = U0
+    m = n
+    have_idx = False
+    while True:
+        for d in range(256):
+            hist[d] = U0
+        for ii in range(m):
+            j = IDX[s, ii] if have_idx else ii
+            w = P[s, ID[s, j]] if weighted else U1
+            hist[np.int64((KEY[s, j] >> U(sh)) & U255)] += w
+        acc = U0
+        d = 255
+        while d > 0:
+            if acc + hist[d] >= need:
+                break
+            acc += hist[d]
+            d -= 1
+        need = need - acc
+        prefix = prefix | (U(d) << U(sh))
+        m2 = 0
+        for ii in range(m):
+            j = IDX[s, ii] if have_idx else ii
+            if ((KEY[s, j] >> U(sh)) & U255) == U(d):
+                IDX[s, m2] = j
+                m2 += 1
+        m = m2
+        have_idx = True
+        if sh == 0:
+            break
+        sh -= 8
+    return prefix, need
+
+
+@device
+def processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s):
+    """(status, T, argmax) of row (b, i) at temperature t > 0; P[s, :n] receives
+    the processed target (target_logits.processed_row)."""
+    zmax = -math.inf
+    arg = -1
+    for v in range(n):
+        z = np.float64(xf[b, i, v]) / t
+        if not z < math.inf:
+            return TARGET_INVALID_VALUE, U0, -1
+        if z > zmax:
+            zmax = z
+            arg = v
+    if not zmax > -math.inf:
+        return TARGET_ZERO_MASS, U0, -1
+    mpw = f32_ceil24(mbits) << U39
+    cnt = 0
+    for v in range(n):
+        z = np.float64(xf[b, i, v]) / t
+        w = weight_from_gap(zmax - z)
+        P[s, v] = U0
+        if z > -math.inf and (w << U24) >= mpw:
+            KEY[s, cnt] = f64_key(z)
+            ID[s, cnt] = v
+            P[s, v] = w
+            cnt += 1
+    if top_k > 0 and top_k < cnt:
+        tau, need = radix_prefix(KEY, ID, P, s, cnt, U(top_k), False, IDX, hist)
+        ties = U0
+        m = 0
+        for j in range(cnt):
+            kj = KEY[s, j]
+            keep = kj > tau
+            if kj == tau and ties < need:
+                ties += U1
+                keep = True
+            if keep:
+                KEY[s, m] = kj
+                ID[s, m] = ID[s, j]
+                m += 1
+            else:
+                P[s, ID[s, j]] = U0
+        cnt = m
+    u = f32_ceil24(pbits)
+    if u < TOTAL:
+        ts = U0
+        for j in range(cnt):
+            ts += P[s, ID[s, j]]
+        h, l = mul64(u, ts)
+        h, l = add128(h, l, U0, TOTAL - U1)
+        need = (h << U40) | (l >> U24)
+        m = 0
+        for j in range(cnt):
+            if P[s, ID[s, j]] > U0:
+                KEY[s, m] = KEY[s, j]
+                ID[s, m] = ID[s, j]
+                m += 1
+        cnt = m
+        tau, rest = radix_prefix(KEY, ID, P, s, cnt, need, True, IDX, hist)
+        cum = U0
+        for j in range(cnt):
+            kj = KEY[s, j]
+            if kj > tau:
+                continue
+            if kj == tau and cum < rest:
+                cum += P[s, ID[s, j]]
+                continue
+            P[s, ID[s, j]] = U0
+    total = U0
+    for v in range(n):
+        total += P[s, v]
+    return 0, total, arg
+
+
+@device
+def target_of(xf, b, i, n, g, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s):
+    """(status, T, argmax) of row (b, i): greedy rows by logits_argmax (T = 1)."""
+    if g:
+        st, arg = logits_argmax(xf, b, i, n)
+        return st, U1, arg
+    return processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s)
+
+
+@device
+def sparse_valid(qc, qi, b, i, n):
+    """A sparse q row is a Dyadic row over [0, n) (sampling.sparse_row_valid)."""
+    prev = -1
+    pad = False
+    total = U0
+    for j in range(qc.shape[2]):
+        t_id = np.int64(qi[b, i, j])
+        c = U(qc[b, i, j])
+        if t_id == PAD_ID:
+            if c > U0:
+                return False
+            pad = True
+            continue
+        if pad or t_id <= prev or t_id >= n or c > TOTAL:
+            return False
+        prev = t_id
+        total += c
+    return total == TOTAL
+
+
+@device
+def q_count(qc, qi, qmode, b, i, v, d):
+    """q count at token v of draft step i (q rows already checked)."""
+    if qmode == 0:
+        return TOTAL if v == d else U0
+    if qmode == 1:
+        return U(qc[b, i, v])
+    for j in range(qc.shape[2]):
+        if np.int64(qi[b, i, j]) == v:
+            return U(qc[b, i, j])
+    return U0
+
+
+@device
+def residual_at(p, c, total):
+    """R = max(P 2**24 - c T, 0) as (hi, lo)."""
+    ph = p >> U40
+    pl = p << U24
+    mh, ml = mul64(c, total)
+    if lt128(mh, ml, ph, pl):
+        return sub128(ph, pl, mh, ml)
+    return U0, U0
+
+
+@device
+def verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen, rnd,
+                   pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s):
+    k1 = xf.shape[1]
+    k = k1 - 1
+    n = xf.shape[2]
+    sd, ge, ro, p0 = key_words(seed, gen, rnd, pos, b)
+    t = np.float64(temp[b])
+    tk = np.int64(topk[b])
+    pbits = U(topp[b])
+    mbits = U(minp[b])
+    for j in range(k1):
+        tokens[b, j] = -1
+    accepted[b] = 0
+    st = params_status(t, tk, pbits, mbits)
+    g = greedy[b] != 0 or t == 0.0
+    if st == 0:
+        for i in range(k1):
+            st, _, _ = target_of(xf, b, i, n, g, t, tk, pbits, mbits, P, KEY, ID, IDX, hist, s)
+            if st != 0:
+                break
+    if st == 0:
+        for i in range(k):
+            d = np.int64(draft[b, i])
+            if d < 0 or d >= n:
+                st = DRAFT_OUT_OF_RANGE
+                break
+    if st == 0 and not g and qmode != 0:
+        for i in range(k):
+            if qmode == 1:
+                bad = U(qc[b, i, np.int64(draft[b, i])]) > TOTAL
+            else:
+                bad = not sparse_valid(qc, qi, b, i, n)
+            if bad:
+                st = Q_INVALID
+                break
+    if st == 0 and not g:
+        for i in range(k):
+            d = np.int64(draft[b, i])
+            if q_count(qc, qi, qmode, b, i, d, d) == U0:
+                st = Q_ZERO_AT_DRAFT
+                break
+    if st != 0:
+        status[b] = st
+        return
+    acc = k
+    tok = -1
+    for i in range(k):
+        d = np.int64(draft[b, i])
+        _, total, arg = target_of(xf, b, i, n, g, t, tk, pbits, mbits, P, KEY, ID, IDX, hist,
+                                  s)
+        if g:
+            if d == arg:
+                continue
+            acc = i
+            tok = arg
+            break
+        c = q_count(qc, qi, qmode, b, i, d, d)
+        ok, rng_ok = accept_decision(P[s, d], total, c, sd, ge, ro, p0 + U(i),
+                                     DOMAIN_ACCEPTANCE)
+        if not rng_ok:
+            st = RNG_EXHAUSTED
+            break
+        if ok:
+            continue
+        acc = i
+        if qmode == 1:
+            qsum = U0
+            for v in range(n):
+                qsum += U(qc[b, i, v])
+            if qsum != TOTAL:
+                st = Q_INVALID
+                break
+        sh_, sl_ = U0, U0
+        for v in range(n):
+            rh, rl = residual_at(P[s, v], q_count(qc, qi, qmode, b, i, v, d), total)
+            sh_, sl_ = add128(sh_, sl_, rh, rl)
+        if sh_ == U0 and sl_ == U0:
+            st = ALLOC_INCONSISTENT
+            break
+        xh, xl, _, good = uniform_below(sh_, sl_, sd, ge, ro, p0 + U(i), DOMAIN_CORRECTION, 0)
+        if not good:
+            st = RNG_EXHAUSTED
+            break
+        ah, al = U0, U0
+        for v in range(n):
+            rh, rl = residual_at(P[s, v], q_count(qc, qi, qmode, b, i, v, d), total)
+            ah, al = add128(ah, al, rh, rl)
+            if lt128(xh, xl, ah, al):
+                tok = v
+                break
+        if tok < 0:
+            st = ALLOC_INCONSISTENT
+        break
+    if st == 0 and acc == k:
+        _, total, arg = target_of(xf, b, k, n, g, t, tk, pbits, mbits, P, KEY, ID, IDX, hist,
+                                  s)
+        if g:
+            tok = arg
+        else:
+            _, xl, _, good = uniform_below(U0, total, sd, ge, ro, p0 + U(k), DOMAIN_CORRECTION,
+                                           0)
+            if not good:
+                st = RNG_EXHAUSTED
+            else:
+                run = U0
+                for v in range(n):
+                    run += P[s, v]
+                    if run > xl:
+                        tok = v
+                        break
+    if st != 0:
+        status[b] = st
+        for j in range(k1):
+            tokens[b, j] = -1
+        return
+    for j in range(k1):
+        if j < acc:
+            tokens[b, j] = draft[b, j]
+        elif j == acc:
+            tokens[b, j] = tok
+    accepted[b] = acc
+    status[b] = 0
+
+
+@cuda.jit
+def verify_logits_kernel(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen,
+                         rnd, pos, accepted, tokens, status, P, KEY, ID, IDX):
+    s = np.int64(cuda.grid(1))
+    slots = np.int64(P.shape[0])
+    if s >= slots:
+        return
+    hist = cuda.local.array(256, np.uint64)
+    b = s
+    while b < status.shape[0]:
+        verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen,
+                       rnd, pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s)
+        b += slots
