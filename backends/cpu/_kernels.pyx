@@ -69,6 +69,25 @@ def exp2_neg_q62(uint32_t f):
     return dy_exp2_neg_q62(f)
 
 
+def logits_target_row(const float[::1] x, double temperature, int64_t top_k,
+                      uint32_t top_p_bits, uint32_t min_p_bits):
+    """dy_logits_target_row on one row (tests compare it with the reference):
+    (status, P uint64 [V], T, argmax); the parameters are checked first."""
+    cdef Py_ssize_t Vs = x.shape[0]
+    _vocab("x", Vs)
+    cdef uint32_t V = <uint32_t>Vs
+    p = np.zeros(Vs, np.uint64)
+    cdef uint64_t[::1] pv = p
+    cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_logits_target_ws_words(V), np.uint64)
+    cdef uint64_t total = 0
+    cdef int32_t arg = -1
+    cdef int st = dy_logits_params_status(temperature, top_k, top_p_bits, min_p_bits)
+    if st == 0:
+        st = dy_logits_target_row(&x[0], V, temperature, top_k, top_p_bits, min_p_bits, &pv[0],
+                                  &ws[0], &total, &arg)
+    return st, p, total, arg
+
+
 cdef int _alloc_rows(const float[:, ::1] x, bias, const double[::1] temperature, bint logits,
                      int policy, int top_k, uint32_t[:, ::1] counts, ids, int32_t[::1] status,
                      const uint64_t *seed, const uint32_t *generation, const uint32_t *round,

@@ -40,3 +40,9 @@ cdef extern from "dyadic_core.h" nogil:
                                   uint64_t seed, uint32_t generation, uint32_t round,
                                   uint32_t position, uint64_t *ws, int32_t *accepted,
                                   int32_t *tokens)
+    uint64_t dy_logits_target_ws_words(uint32_t vocab)
+    int dy_logits_target_row(const float *x, uint32_t vocab, double temperature, int64_t top_k,
+                             uint32_t top_p_bits, uint32_t min_p_bits, uint64_t *p, uint64_t *ws,
+                             uint64_t *total, int32_t *argmax)
+    int dy_logits_params_status(double temperature, int64_t top_k, uint32_t top_p_bits,
+                                uint32_t min_p_bits)
