@@ -83,7 +83,7 @@ def _dyadic(counts, ids, batch_shape, v, policy, out):
 
 
 def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy="standard",
-             backend="cpu", check=True, out=None):
+             backend="cpu", check=True, out=None, top_p=None, min_p=None):
     """Integer ticket counts c_v >= 0 with sum exactly 2**24 per row.
 
     Parameters
@@ -98,10 +98,12 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         > 0 and finite; logits only.
     bias : float32 array [V] or [..., V], optional
         Additive logit bias (logits only); -inf masks.
-    top_k : int, optional
+    top_k : int or integer array [B], optional
         Select the global support first (largest effective value first, ties
         to the lowest id), normalise within it, allocate on it, drop zero
-        counts.  The result is sparse with width min(top_k, V).
+        counts.  The result is sparse with width min(top_k, V); an array gives
+        each row its own top_k (each >= 1; width min(max(top_k), V), rows with
+        fewer entries padded).
     policy : {"standard", "floor-first"}
         ``dyadic24-standard-v1`` (floor + largest remainders, ties lowest id)
         or ``dyadic24-floor-first-v1`` (floor, remaining tickets to the
@@ -119,6 +121,14 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         sparse, ``status`` int32 [B]; B the flattened batch), each exactly the
         shape and dtype returned; NumPy arrays or torch CPU tensors on the host, device
         tensors on a GPU backend.  They are written and returned.
+    top_p, min_p : float or float array [B], optional
+        Logits only: the filters of ``verify(..., logits=True)``
+        (docs/semantics.md section 2 "Target logits"): min-p, then top-k, then
+        top-p on the ranking by z = (x + bias) / temperature, on the integer
+        weights; the allocation runs on the kept tokens (the support is the
+        filtered prefix; with top_k the sparse width stays min(top_k, V)).
+        top_p in (0, 1] (1: off), min_p in [0, 1] (0: off), both converted to
+        float32.  Backends "cpu", "reference" and "numba".
 
     Returns
     -------
@@ -141,9 +151,12 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     """
     if check is not True and check is not False:
         check = _validate.check_mode(check)
+    filtered = _filtered(top_k, top_p, min_p)
     if _on_device(backend, x):  # GPU path (dyadic/_device.py)
+        extra = {} if not filtered else dict(top_p=top_p, min_p=min_p)
         return _gpu().allocate(x, logits=logits, temperature=temperature, bias=bias,
-                               top_k=top_k, policy=policy, backend=backend, check=check, out=out)
+                               top_k=top_k, policy=policy, backend=backend, check=check, out=out,
+                               **extra)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(x)
@@ -155,19 +168,46 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         if bias is not None or not (np.ndim(temperature) == 0 and temperature == 1.0):
             raise ValueError("temperature/bias: apply only to logits (logits=True); "
                              "weights are used as given")
+        if filtered:
+            raise ValueError("top_p/min_p/per-row top_k: apply only to logits (logits=True)")
         temp = np.ones(batch, dtype=np.float64)
-    width = _validate.top_k(top_k, v)
+    if filtered:
+        width, filt = _filter_params(be, top_k, top_p, min_p, batch, v, check)
+    else:
+        width = _validate.top_k(top_k, v)
     (counts, counts_r), (ids, ids_r), (status, _) = _host_outputs(out, (
         ("counts", (batch, width or v), np.uint32),
         ("ids", (batch, width), np.int32) if width else None,
         ("status", (batch,), np.int32)), kind)
     status[...] = 0
-    if batch:
+    if batch and filtered:
+        be.allocate_filtered(x2, b2, temp, *filt, code, width or 0, counts, ids, status)
+    elif batch:
         be.allocate(x2, b2, temp, bool(logits), code, width or 0, counts, ids, status)
     if status.any():
         if check:
             _status.raise_for_status(status, _status.row_label(batch_shape))
     return _dyadic(counts_r, ids_r, batch_shape, v, policy, out)
+
+
+def _filtered(top_k, top_p, min_p):
+    """Whether an allocate / propose call takes the filtered route (top_p, min_p or a
+    per-row top_k array given)."""
+    return top_p is not None or min_p is not None or not (
+        top_k is None or isinstance(top_k, (int, np.integer)))
+
+
+def _filter_params(be, top_k, top_p, min_p, batch, v, check):
+    """(width, (top_k int64 [B], top_p float32 [B], min_p float32 [B])) of a filtered
+    allocate / propose call on backend ``be``."""
+    if not be.has_logits_filters:
+        raise _backend.BackendUnavailable(
+            f"backend {be.name!r} does not implement top_p / min_p / per-row top_k in "
+            f"allocate and propose; use backend 'cpu', 'reference' or 'numba'")
+    width, tk = _validate.top_k_rows(top_k, v, batch, check=check is True)
+    _, _, tp, mp = _validate.logits_target_params(1.0, None, top_p, min_p, batch,
+                                                  check=check is True)
+    return width, (tk, tp, mp)
 
 
 def _keys_for(keys, batch, extra=0):
@@ -215,7 +255,7 @@ def draw(q, keys, *, backend="cpu", check=True, out=None):
 
 
 def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="standard",
-            backend="cpu", check=True, out=None):
+            backend="cpu", check=True, out=None, top_p=None, min_p=None):
     """Allocate q from logits and draw a token from it, in one call.
 
     Parameters
@@ -226,7 +266,13 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     temperature : float or float array [B]
         >= 0; a row with temperature 0 returns its argmax of x + bias (ties:
         lowest id) with q the point mass on it, and consumes no randomness.
-    bias, top_k, policy : as in ``allocate`` (top_k=None gives dense q).
+    bias, top_k, policy : as in ``allocate`` (top_k=None gives dense q; an
+        integer array [B] gives each row its own top_k).
+    top_p, min_p : float or float array [B], optional
+        As in ``allocate``: q is allocated on the tokens kept by min-p, top-k and
+        top-p (the support is the filtered prefix of the ranking by z; the sparse
+        width stays min(top_k, V)).  Temperature-0 rows check them but return
+        the argmax.
     check : bool
         True (default): a row that breaks a data rule raises ValueError naming
         the row, the rule and its status code.  False: that row fails closed
@@ -245,9 +291,11 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     """
     if check is not True and check is not False:
         check = _validate.check_mode(check)
+    filtered = _filtered(top_k, top_p, min_p)
     if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
+        extra = {} if not filtered else dict(top_p=top_p, min_p=min_p)
         return _gpu().propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
-                              policy=policy, backend=backend, check=check, out=out)
+                              policy=policy, backend=backend, check=check, out=out, **extra)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(logits)
@@ -256,7 +304,10 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
         raise ValueError(f"logits: expected shape [B, V], got {tuple(batch_shape) + (x2.shape[1],)}")
     batch, v = x2.shape
     temp = _validate.temperature(temperature, batch, allow_zero=True)
-    width = _validate.top_k(top_k, v)
+    if filtered:
+        width, filt = _filter_params(be, top_k, top_p, min_p, batch, v, check)
+    else:
+        width = _validate.top_k(top_k, v)
     k = _keys_for(keys, batch)
     (tokens, tokens_r), (counts, counts_r), (ids, ids_r), (status, _) = _host_outputs(out, (
         ("tokens", (batch,), np.int32),
@@ -264,7 +315,10 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
         ("ids", (batch, width), np.int32) if width else None,
         ("status", (batch,), np.int32)), kind)
     status[...] = 0
-    if batch:
+    if batch and filtered:
+        be.propose_filtered(x2, b2, temp, *filt, code, width or 0, *k, tokens, counts, ids,
+                            status)
+    elif batch:
         be.propose(x2, b2, temp, code, width or 0, *k, tokens, counts, ids, status)
     if status.any():
         if check:

@@ -21,7 +21,8 @@ class Backend:
     float16 / bfloat16 logits as they are instead of widening them to float32),
     ``has_lazy_verify`` (``verify_lazy`` reads only what the decisions need),
     ``has_logits_verify`` (``verify_logits``: verification from target logits and
-    per-request sampling parameters),
+    per-request sampling parameters), ``has_logits_filters`` (``allocate_filtered``
+    / ``propose_filtered``: allocation on the support kept by min-p, top-k and top-p),
     ``graph_capturable`` (check=False calls with device
     keys and ``out=`` launch only kernels on the caller's stream: capturable in a
     CUDA graph).  The defaults here are the plain behaviour: a backend
@@ -32,6 +33,7 @@ class Backend:
     reads_half_precision = False
     has_lazy_verify = False
     has_logits_verify = False
+    has_logits_filters = False
     graph_capturable = False
 
     def usable(self):
@@ -54,6 +56,21 @@ class Backend:
         """allocate on logits + draw; temperature 0 rows: argmax, point mass,
         no draw. Writes tokens int32 [B], counts, ids, status."""
         raise NotImplementedError
+
+    def allocate_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width,
+                          counts, ids, status):
+        """``allocate`` on logits whose support is the kept set of min-p, top-k and top-p
+        (only where ``has_logits_filters``): top_k int64 [B] (0: no top-k filter),
+        top_p / min_p float32 [B]; width the sparse width (0: dense, counts [B, V]).
+        A row with a parameter out of range fails closed (TOP_K_INVALID,
+        TOP_P_INVALID, MIN_P_INVALID)."""
+        raise NotImplementedError(f"backend {self.name!r} has no top_p / min_p allocation")
+
+    def propose_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, seed,
+                         generation, round, position, tokens, counts, ids, status):
+        """``allocate_filtered`` + the draw of ``propose`` (temperature 0 rows: argmax,
+        point mass, no draw; their top_k / top_p / min_p are checked, not applied)."""
+        raise NotImplementedError(f"backend {self.name!r} has no top_p / min_p proposal")
 
     def draw(self, counts, ids, seed, generation, round, position, tokens):
         """counts uint32 [B, W], ids int32 [B, W] or None -> tokens int32 [B]."""

@@ -317,3 +317,23 @@ def logits_target(target):
     """``verify(..., logits=True)``'s target: float32 / float16 / bfloat16 logits
     [B, k+1, V] (NumPy or torch CPU), as NumPy float32 (exact widening)."""
     return _arrays.float_to_numpy(target, "target")
+
+
+def top_k_rows(k, v, batch, *, check=True):
+    """``top_k`` of allocate / propose with top_p / min_p: None (dense), an int (every
+    row) or an integer array [B] (one per row).  Returns ``(width, top_k int64 [B])``:
+    width 0 for dense rows (top_k all 0: no top-k filter), else the sparse width
+    ``min(max(top_k), V)``.  Each value must be >= 1 (``check`` True raises
+    ValueError naming the row; False leaves it to the kernel: TOP_K_INVALID)."""
+    if k is None:
+        return 0, np.zeros(batch, dtype=np.int64)
+    if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+        return top_k(k, v), np.full(batch, int(k), dtype=np.int64)
+    raw = _param_array(k, "top_k", batch, "iu")
+    if raw.dtype.kind == "u" and raw.size and raw.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"top_k: value {int(raw.max())} does not fit int64")
+    tk = np.ascontiguousarray(raw.astype(np.int64))
+    _param_rows(tk >= 1, "top_k", tk, "must be >= 1 (the sparse width is the largest top_k)",
+                check)
+    width = int(min(max(int(tk.max()) if batch else 1, 1), v))
+    return width, tk

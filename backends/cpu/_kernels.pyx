@@ -83,8 +83,8 @@ def logits_target_row(const float[::1] x, double temperature, int64_t top_k,
     cdef int32_t arg = -1
     cdef int st = dy_logits_params_status(temperature, top_k, top_p_bits, min_p_bits)
     if st == 0:
-        st = dy_logits_target_row(&x[0], V, temperature, top_k, top_p_bits, min_p_bits, &pv[0],
-                                  &ws[0], &total, &arg)
+        st = dy_logits_target_row(&x[0], NULL, V, temperature, top_k, top_p_bits, min_p_bits,
+                                  &pv[0], &ws[0], &total, &arg)
     return st, p, total, arg
 
 
@@ -326,3 +326,102 @@ def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_
                 &target[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V, greedy[b],
                 temperature[b], top_k[b], tp[b], mp[b], seed[b], generation[b], round[b],
                 position[b], &ws[0], &accepted[b], &tokens[b, 0])
+
+
+cdef int _filtered_rows(const float[:, ::1] x, bias, const double[::1] temperature,
+                        const int64_t[::1] top_k, top_p, min_p, int policy, int width,
+                        uint32_t[:, ::1] counts, ids, int32_t[::1] status,
+                        const uint64_t *seed, const uint32_t *generation,
+                        const uint32_t *round, const uint32_t *position,
+                        int32_t *tokens) except -1:
+    """allocate (tokens NULL) or propose with top_p / min_p (per-row top_k int64 [B],
+    top_p / min_p float32 [B] read as bits).  A failed row gets counts 0, ids -1 (and
+    token -1) besides its status."""
+    cdef Py_ssize_t b, j, B = x.shape[0]
+    cdef Py_ssize_t Vs = x.shape[1]
+    cdef uint32_t V = <uint32_t>Vs
+    cdef const float[:, ::1] bv
+    cdef int32_t[:, ::1] iv
+    cdef const float *bp = NULL
+    cdef int32_t *ip = NULL
+    cdef Py_ssize_t nb = 0, W
+    cdef int st
+    cdef const uint32_t[::1] tp = top_p.view(np.uint32)
+    cdef const uint32_t[::1] mp = min_p.view(np.uint32)
+    _vocab("x", Vs)
+    _shape1("temperature", temperature.shape[0], B)
+    _shape1("top_k", top_k.shape[0], B)
+    _shape1("top_p", tp.shape[0], B)
+    _shape1("min_p", mp.shape[0], B)
+    if policy != 0 and policy != 1:
+        raise ValueError(f"policy: unknown policy code {policy!r}")
+    if not 0 <= width <= Vs:
+        raise ValueError(f"width: {width} must be in [0, V] = [0, {Vs}] (0: dense)")
+    W = width if width else Vs
+    _shape2("counts", counts.shape[0], counts.shape[1], B, W)
+    if bias is not None:
+        bv = bias
+        nb = bv.shape[0]
+        if (nb != 1 and nb != B) or bv.shape[1] != Vs:
+            raise ValueError(f"bias: shape ({nb}, {bv.shape[1]}) must be (1, {Vs}) or ({B}, {Vs})")
+    if width:
+        if ids is None:
+            raise ValueError("ids: required for sparse rows (width > 0)")
+        iv = ids
+        _shape2("ids", iv.shape[0], iv.shape[1], B, W)
+    elif ids is not None:
+        raise ValueError("ids: must be None for dense rows (width = 0)")
+    _shape1("status", status.shape[0], B)
+    if B == 0:
+        return 0
+    cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_alloc_filtered_ws_words(V), np.uint64)
+    with nogil:
+        for b in range(B):
+            bp = NULL
+            if nb:
+                bp = &bv[b if nb > 1 else 0, 0]
+            ip = NULL
+            if width:
+                ip = &iv[b, 0]
+            if tokens != NULL:
+                st = dy_propose_filtered_row(&x[b, 0], bp, temperature[b], top_k[b], tp[b], mp[b],
+                                             policy, V, <uint32_t>width, seed[b], generation[b],
+                                             round[b], position[b], &tokens[b], &counts[b, 0],
+                                             ip, &ws[0])
+            else:
+                st = dy_allocate_filtered_row(&x[b, 0], bp, temperature[b], top_k[b], tp[b],
+                                              mp[b], policy, V, <uint32_t>width, &counts[b, 0],
+                                              ip, &ws[0])
+            status[b] = st
+            if st:
+                for j in range(W):
+                    counts[b, j] = 0
+                if width:
+                    for j in range(W):
+                        iv[b, j] = -1
+                if tokens != NULL:
+                    tokens[b] = -1
+    return 0
+
+
+def allocate_filtered(const float[:, ::1] x, bias, const double[::1] temperature,
+                      const int64_t[::1] top_k, top_p, min_p, int policy, int width,
+                      uint32_t[:, ::1] counts, ids, int32_t[::1] status):
+    _filtered_rows(x, bias, temperature, top_k, top_p, min_p, policy, width, counts, ids,
+                   status, NULL, NULL, NULL, NULL, NULL)
+
+
+def propose_filtered(const float[:, ::1] x, bias, const double[::1] temperature,
+                     const int64_t[::1] top_k, top_p, min_p, int policy, int width,
+                     const uint64_t[::1] seed, const uint32_t[::1] generation,
+                     const uint32_t[::1] round, const uint32_t[::1] position,
+                     int32_t[::1] tokens, uint32_t[:, ::1] counts, ids, int32_t[::1] status):
+    cdef Py_ssize_t B = x.shape[0]
+    _key_shapes("propose", B, seed.shape[0], generation.shape[0], round.shape[0],
+                position.shape[0], tokens.shape[0])
+    if B == 0:
+        _filtered_rows(x, bias, temperature, top_k, top_p, min_p, policy, width, counts, ids,
+                       status, NULL, NULL, NULL, NULL, NULL)
+        return
+    _filtered_rows(x, bias, temperature, top_k, top_p, min_p, policy, width, counts, ids,
+                   status, &seed[0], &generation[0], &round[0], &position[0], &tokens[0])

@@ -12,6 +12,7 @@ from . import _kernels
 class CpuBackend(Backend):
     name = "cpu"
     has_logits_verify = True
+    has_logits_filters = True
 
     def usable(self):
         return True
@@ -41,3 +42,14 @@ class CpuBackend(Backend):
         _kernels.verify_logits(target, draft, q_counts, q_ids, greedy, temperature, top_k,
                                top_p, min_p, seed, generation, round, position, accepted,
                                tokens, status)
+
+    def allocate_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width,
+                          counts, ids, status):
+        _kernels.allocate_filtered(x, bias, temperature, top_k, top_p, min_p, int(policy),
+                                   int(width or 0), counts, ids, status)
+
+    def propose_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, seed,
+                         generation, round, position, tokens, counts, ids, status):
+        _kernels.propose_filtered(x, bias, temperature, top_k, top_p, min_p, int(policy),
+                                  int(width or 0), seed, generation, round, position, tokens,
+                                  counts, ids, status)

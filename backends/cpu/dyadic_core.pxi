@@ -41,8 +41,19 @@ cdef extern from "dyadic_core.h" nogil:
                                   uint32_t position, uint64_t *ws, int32_t *accepted,
                                   int32_t *tokens)
     uint64_t dy_logits_target_ws_words(uint32_t vocab)
-    int dy_logits_target_row(const float *x, uint32_t vocab, double temperature, int64_t top_k,
+    int dy_logits_target_row(const float *x, const float *bias, uint32_t vocab,
+                             double temperature, int64_t top_k,
                              uint32_t top_p_bits, uint32_t min_p_bits, uint64_t *p, uint64_t *ws,
                              uint64_t *total, int32_t *argmax)
     int dy_logits_params_status(double temperature, int64_t top_k, uint32_t top_p_bits,
                                 uint32_t min_p_bits)
+    uint64_t dy_alloc_filtered_ws_words(uint32_t vocab)
+    int dy_allocate_filtered_row(const float *x, const float *bias, double temperature,
+                                 int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
+                                 int policy, uint32_t vocab, uint32_t width, uint32_t *counts,
+                                 int32_t *ids, uint64_t *ws)
+    int dy_propose_filtered_row(const float *x, const float *bias, double temperature,
+                                int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
+                                int policy, uint32_t vocab, uint32_t width, uint64_t seed,
+                                uint32_t generation, uint32_t round, uint32_t position,
+                                int32_t *token, uint32_t *counts, int32_t *ids, uint64_t *ws)

@@ -1623,14 +1623,16 @@ DY_FUNC void dy_select_mass(const uint64_t *key, const uint64_t *p, const uint32
 DY_FUNC uint64_t dy_logits_target_ws_words(uint32_t vocab) { return 2ull * vocab; }
 
 /* The processed target of one logits row at temperature > 0
- * (target_logits.processed_row): p [V] receives P_v (W_v on the kept tokens,
+ * (target_logits.processed_row; z = (x + bias) / temperature, bias NULL for
+ * verify, as dy_effective_logit): p [V] receives P_v (W_v on the kept tokens,
  * else 0), *total = T = sum P (2**39 <= T <= 2**63), *argmax the first token
  * of the ranking.  Parameters already validated (dy_logits_params_status).
  * ws: dy_logits_target_ws_words(V) words.  Returns a status
  * (TARGET_INVALID_VALUE for NaN / +inf in z, TARGET_ZERO_MASS). */
-DY_FUNC int dy_logits_target_row(const float *x, uint32_t vocab, double temperature,
-                                 int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
-                                 uint64_t *p, uint64_t *ws, uint64_t *total, int32_t *argmax) {
+DY_FUNC int dy_logits_target_row(const float *x, const float *bias, uint32_t vocab,
+                                 double temperature, int64_t top_k, uint32_t top_p_bits,
+                                 uint32_t min_p_bits, uint64_t *p, uint64_t *ws, uint64_t *total,
+                                 int32_t *argmax) {
     const double inf = dy_inf();
     uint64_t *key = ws;
     uint32_t *id = (uint32_t *)(ws + vocab);
@@ -1639,7 +1641,7 @@ DY_FUNC int dy_logits_target_row(const float *x, uint32_t vocab, double temperat
     uint32_t v, j, n = 0, arg = 0;
     uint64_t mpw, u, t = 0;
     for (v = 0; v < vocab; v++) {
-        double z = dy_effective_logit(x[v], DY_NULL, v, temperature);
+        double z = dy_effective_logit(x[v], bias, v, temperature);
         if (!(z < inf)) return DY_ST_TARGET_INVALID_VALUE;
         if (z > zmax) {
             zmax = z;
@@ -1650,7 +1652,7 @@ DY_FUNC int dy_logits_target_row(const float *x, uint32_t vocab, double temperat
     /* min-p: W * 2**24 >= mp * 2**39 (both sides <= 2**63); -inf is in no ranking */
     mpw = dy_f32_ceil24(min_p_bits) << DY_WEIGHT_BITS;
     for (v = 0; v < vocab; v++) {
-        double z = dy_effective_logit(x[v], DY_NULL, v, temperature);
+        double z = dy_effective_logit(x[v], bias, v, temperature);
         uint64_t w = dy_weight_from_gap(zmax - z);
         p[v] = 0;
         if (z > -inf && (w << DY_TOTAL_BITS) >= mpw) {
@@ -1710,6 +1712,106 @@ DY_FUNC int dy_logits_target_row(const float *x, uint32_t vocab, double temperat
     for (v = 0; v < vocab; v++) t += p[v];
     *total = t;
     *argmax = (int32_t)arg;
+    return DY_ST_OK;
+}
+
+/* ============ allocate / propose with top_p / min_p (allocation.allocate_filtered_row) ============ */
+
+/* Workspace of dy_allocate_filtered_row / dy_propose_filtered_row, in uint64_t words. */
+DY_FUNC uint64_t dy_alloc_filtered_ws_words(uint32_t vocab) { return 5ull * vocab + 1u; }
+
+/* The top-k filter of a filtered row: dense rows (width 0) top_k >= 0 (0: off);
+ * sparse rows 1 <= top_k, at most the width kept.  -1 for an invalid top_k. */
+DY_FUNC int64_t dy_filter_top_k(int64_t top_k, uint32_t width) {
+    if (top_k < 0 || (width && top_k < 1)) return -1;
+    return (width && top_k > (int64_t)width) ? (int64_t)width : top_k;
+}
+
+/* One row of allocate on logits whose support is the kept set of min-p, top-k
+ * and top-p: x, bias, temperature > 0, policy as dy_allocate_row; top_k (see
+ * dy_filter_top_k), top_p / min_p as float32 bits; width 0 for dense counts
+ * [V], else sparse counts / ids [width] (ascending ids, zero counts dropped,
+ * padded).  Checks in order: top_k, top_p, min_p (TOP_K_INVALID, ...), the
+ * row (X_NAN, X_POSINF, X_ZERO_MASS).  ws: dy_alloc_filtered_ws_words(V). */
+DY_FUNC int dy_allocate_filtered_row(const float *x, const float *bias, double temperature,
+                                     int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
+                                     int policy, uint32_t vocab, uint32_t width,
+                                     uint32_t *counts, int32_t *ids, uint64_t *ws) {
+    const double inf = dy_inf();
+    uint64_t *p = ws, *tws = ws + vocab, *w = ws + 3ull * vocab, total = 0;
+    uint32_t *hid = (uint32_t *)(ws + 4ull * vocab), *idx = hid + vocab;
+    uint32_t v, n = 0, argpos = 0, o;
+    int32_t arg = 0;
+    double zmax = -inf;
+    int st;
+    top_k = dy_filter_top_k(top_k, width);
+    if (top_k < 0) return DY_ST_TOP_K_INVALID;
+    st = dy_logits_params_status(1.0, top_k, top_p_bits, min_p_bits);
+    if (st) return st;
+    for (v = 0; v < vocab; v++) {
+        double zv = dy_effective_logit(x[v], bias, v, temperature);
+        if (!(zv < inf)) return dy_logit_status(zv);
+        if (zv > zmax) zmax = zv;
+    }
+    if (!(zmax > -inf)) return DY_ST_X_ZERO_MASS;
+    st = dy_logits_target_row(x, bias, vocab, temperature, top_k, top_p_bits, min_p_bits, p, tws,
+                              &total, &arg);
+    if (st) return DY_ST_ALLOC_INCONSISTENT; /* unreachable after the checks above */
+    if (!width) {
+        for (v = 0; v < vocab; v++) w[v] = p[v];
+        return dy_alloc_weights(w, vocab, policy, (uint32_t)arg, counts, idx);
+    }
+    for (v = 0; v < vocab; v++) {
+        if (!p[v]) continue;
+        if (n == width) return DY_ST_ALLOC_INCONSISTENT; /* unreachable: top_k <= width */
+        if ((int32_t)v == arg) argpos = n;
+        w[n] = p[v];
+        hid[n] = v;
+        n++;
+    }
+    st = dy_alloc_weights(w, n, policy, argpos, counts, idx);
+    if (st) return st;
+    o = 0;
+    for (v = 0; v < n; v++) {
+        uint32_t c = counts[v];
+        if (c) {
+            counts[o] = c;
+            ids[o] = (int32_t)hid[v];
+            o++;
+        }
+    }
+    for (; o < width; o++) {
+        counts[o] = 0;
+        ids[o] = DY_PAD_ID;
+    }
+    return DY_ST_OK;
+}
+
+/* One row of propose with top_p / min_p: temperature 0 -> the parameters are
+ * checked, then the argmax point mass of dy_propose_row (no draw); else
+ * dy_allocate_filtered_row and the proposal draw. */
+DY_FUNC int dy_propose_filtered_row(const float *x, const float *bias, double temperature,
+                                    int64_t top_k, uint32_t top_p_bits, uint32_t min_p_bits,
+                                    int policy, uint32_t vocab, uint32_t width, uint64_t seed,
+                                    uint32_t generation, uint32_t round, uint32_t position,
+                                    int32_t *token, uint32_t *counts, int32_t *ids,
+                                    uint64_t *ws) {
+    int st;
+    uint32_t r;
+    *token = -1;
+    if (temperature == 0.0) {
+        int64_t k = dy_filter_top_k(top_k, width);
+        if (k < 0) return DY_ST_TOP_K_INVALID;
+        st = dy_logits_params_status(1.0, k, top_p_bits, min_p_bits);
+        if (st) return st;
+        return dy_propose_row(x, bias, 0.0, policy, vocab, width, seed, generation, round,
+                              position, token, counts, ids, ws);
+    }
+    st = dy_allocate_filtered_row(x, bias, temperature, top_k, top_p_bits, min_p_bits, policy,
+                                  vocab, width, counts, ids, ws);
+    if (st) return st;
+    r = dy_proposal_ticket(seed, generation, round, position);
+    *token = width == 0 ? dy_draw_dense(counts, vocab, r) : dy_draw_sparse(counts, ids, width, r);
     return DY_ST_OK;
 }
 
@@ -1792,8 +1894,9 @@ DY_FUNC int dy_verify_logits_row_host(const float *target, const int32_t *draft,
             st = dy_logits_argmax(row, vocab, &a);
             totals[i] = 1;
         } else {
-            st = dy_logits_target_row(row, vocab, temperature, top_k, top_p_bits, min_p_bits,
-                                      pall + (uint64_t)i * vocab, rws, &totals[i], &a);
+            st = dy_logits_target_row(row, DY_NULL, vocab, temperature, top_k, top_p_bits,
+                                      min_p_bits, pall + (uint64_t)i * vocab, rws, &totals[i],
+                                      &a);
         }
         if (st) return st;
         args[i] = (uint64_t)a;

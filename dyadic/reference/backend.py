@@ -89,6 +89,7 @@ def _fail_alloc(counts, ids, b):
 class ReferenceBackend(Backend):
     name = "reference"
     has_logits_verify = True
+    has_logits_filters = True
 
     def philox4x32(self, counters, keys, rounds, out):
         for n in range(counters.shape[0]):
@@ -139,6 +140,61 @@ class ReferenceBackend(Backend):
                 continue
             _write_alloc(row, counts, ids, b)
             tokens[b] = sampling.draw_row(row, _keys(seed, generation, round, b), int(position[b]))
+
+    def allocate_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width,
+                          counts, ids, status):
+        self._filtered(x, bias, temperature, top_k, top_p, min_p, policy, width, None, None,
+                       counts, ids, status)
+
+    def propose_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, seed,
+                         generation, round, position, tokens, counts, ids, status):
+        self._filtered(x, bias, temperature, top_k, top_p, min_p, policy, width,
+                       (seed, generation, round, position), tokens, counts, ids, status)
+
+    def _filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, keys,
+                  tokens, counts, ids, status):
+        width = int(width or 0)
+        batch = _alloc_shapes(x, bias, temperature, policy, width, counts, ids, status)
+        for name, a in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+            _shape(name, a, (batch,))
+        if keys is not None:
+            _key_shapes("propose", batch, *keys, tokens)
+        p_bits, m_bits = top_p.view(np.uint32), min_p.view(np.uint32)
+        for b in range(batch):
+            if tokens is not None:
+                tokens[b] = -1
+            kb, pb, mb = int(top_k[b]), int(p_bits[b]), int(m_bits[b])
+            if kb < 0 or (width and kb < 1):
+                status[b] = _status.TOP_K_INVALID
+                _fail_alloc(counts, ids, b)
+                continue
+            kb = min(kb, width) if width else kb  # sparse: at most the width is kept
+            if tokens is not None and temperature[b] == 0:
+                st = target_logits.params_status(1.0, kb, pb, mb)
+                if not st:
+                    st, arg = allocation.argmax_row(x[b].tolist(), _bias_row(bias, b))
+                status[b] = st
+                if st:
+                    _fail_alloc(counts, ids, b)
+                    continue
+                tokens[b] = arg
+                if ids is None:
+                    row = [0] * x.shape[1]
+                    row[arg] = _spec.TOTAL
+                else:
+                    row = [(arg, _spec.TOTAL)]
+                _write_alloc(row, counts, ids, b)
+                continue
+            st, row = allocation.allocate_filtered_row(
+                x[b].tolist(), _bias_row(bias, b), float(temperature[b]), kb, not width,
+                _POLICIES[policy], pb, mb)
+            status[b] = st
+            if st:
+                _fail_alloc(counts, ids, b)
+                continue
+            _write_alloc(row, counts, ids, b)
+            if keys is not None:
+                tokens[b] = sampling.draw_row(row, _keys(*keys[:3], b), int(keys[3][b]))
 
     def draw(self, counts, ids, seed, generation, round, position, tokens):
         if counts.ndim != 2:

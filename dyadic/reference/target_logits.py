@@ -89,8 +89,20 @@ def processed_row(xs, temperature, top_k, top_p_bits, min_p_bits):
         return _status.TARGET_ZERO_MASS, None, 0, -1
     if st:  # X_NAN / X_POSINF: NaN or +inf in z
         return _status.TARGET_INVALID_VALUE, None, 0, -1
+    order = kept_tokens(weights, zs, top_k, top_p_bits, min_p_bits)
+    p = [0] * len(xs)
+    for v in order:
+        p[v] = weights[v]
+    return _status.OK, p, sum(p), arg
+
+
+def kept_tokens(weights, zs, top_k, top_p_bits, min_p_bits):
+    """The kept tokens, in ranking order, of a row with integer weights ``weights`` and
+    effective logits ``zs`` (binary64; -inf masks): min-p, then top-k (0: off), then
+    top-p (docs/semantics.md, "Target logits").  Shared by verify(logits=True) and
+    allocate / propose with top_p / min_p."""
     mp = f32_ceil24(min_p_bits)
-    survivors = [v for v in range(len(xs))
+    survivors = [v for v in range(len(zs))
                  if zs[v] > -math.inf and weights[v] * ONE24 >= mp * WMAX]
     order = rank(zs, survivors)
     if top_k:
@@ -102,12 +114,8 @@ def processed_row(xs, temperature, top_k, top_p_bits, min_p_bits):
     for i, v in enumerate(order):
         cum += weights[v]
         if cum >= need:
-            order = order[:i + 1]
-            break
-    p = [0] * len(xs)
-    for v in order:
-        p[v] = weights[v]
-    return _status.OK, p, sum(p), arg
+            return order[:i + 1]
+    return order
 
 
 def target_row(xs, greedy, temperature, top_k, top_p_bits, min_p_bits):
