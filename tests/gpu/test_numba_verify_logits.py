@@ -159,7 +159,8 @@ for trial in range(60):
     IDX = np.zeros((1, v), np.int64)
     hist = np.zeros(256, np.uint64)
     st, total, arg = L.processed_row(xf, 0, 0, v, t, np.int64(top_k), np.uint64(pb),
-                                     np.uint64(mb), P, KEY, ID, IDX, hist, 0)
+                                     np.uint64(mb), P, KEY, ID, IDX, hist, 0,
+                                     np.zeros((1, v), np.float32), False, 0)
     want = target_logits.processed_row(xf[0, 0].tolist(), t, top_k, pb, mb)
     got = (st, [int(p) for p in P[0]], int(total), arg)
     if got != want:
@@ -167,6 +168,28 @@ for trial in range(60):
         print("MISMATCH", x.tolist(), t, top_k, pb, mb, got, want)
     ok = L.params_status(t, np.int64(top_k), np.uint64(pb), np.uint64(mb))
     assert ok == target_logits.params_status(t, top_k, pb, mb)
+    # allocate with filters: dense and sparse, both policies
+    from dyadic.reference import allocation
+    for width, policy in ((0, 0), (0, 1), (max(1, min(top_k, v)), 0), (max(1, min(top_k, v)), 1)):
+        kf = top_k if not width else max(1, top_k)
+        counts = np.zeros((1, width or v), np.uint32)
+        ids = np.zeros((1, max(width, 1)), np.int32)
+        tokens = np.zeros(1, np.int32)
+        z64, z32 = np.zeros(1, np.uint64), np.zeros(1, np.uint32)
+        st = L.filtered_row(xf, np.zeros((1, v), np.float32), False, np.array([t]),
+                            np.array([kf], np.int64), np.array([pb], np.uint32),
+                            np.array([mb], np.uint32), policy, width, 0, z64, z32, z32, z32,
+                            tokens, counts, ids, P, KEY, ID, IDX, hist, 0, 0)
+        wst, row = allocation.allocate_filtered_row(
+            xf[0, 0].tolist(), None, t, min(kf, width) if width else kf, not width,
+            ["standard", "floor-first"][policy], pb, mb)
+        if width:
+            got_row = [(int(i), int(c)) for i, c in zip(ids[0], counts[0]) if i >= 0]
+        else:
+            got_row = [int(c) for c in counts[0]]
+        if (st, got_row if st == 0 else None) != (wst, row):
+            fails += 1
+            print("ALLOC MISMATCH", x.tolist(), t, kf, width, policy, st, got_row, wst, row)
 print("FAILS", fails)
 '''
 
@@ -184,3 +207,41 @@ def test_compiled_processed_row_equals_reference():
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "FAILS 0" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("top_k", [None, 3, np.array([1, 2, 4, 4, 3, 1])])
+@pytest.mark.parametrize("policy", ["standard", "floor-first"])
+def test_numba_filtered_allocate_and_propose(top_k, policy):
+    rng = np.random.default_rng(21)
+    b, v = 6, 11
+    x = rows(rng, b, v)
+    bias = (rng.standard_normal(v) * 0.3).astype(np.float32)
+    kw = dict(top_k=top_k, policy=policy, check=False,
+              top_p=rng.choice([1.0, 0.8, 0.3], size=b), min_p=rng.choice([0.0, 0.1], size=b))
+    for backend_kw in (dict(temperature=rng.choice([0.5, 1.0, 2.0], size=b)), dict(bias=bias)):
+        got = dyadic.allocate(x, logits=True, backend="numba", **kw, **backend_kw)
+        want = dyadic.allocate(x, logits=True, backend="reference", **kw, **backend_kw)
+        np.testing.assert_array_equal(got.counts, want.counts)
+        if want.ids is not None:
+            np.testing.assert_array_equal(got.ids, want.ids)
+    keys = dyadic.Keys(seed=rng.integers(0, 2**63, size=b), position=3)
+    temp = np.array([1.0, 0.0, 0.7, 1.0, 0.0, 1.5])
+    t1, q1 = dyadic.propose(x, keys, backend="numba", temperature=temp, **kw)
+    t2, q2 = dyadic.propose(x, keys, backend="reference", temperature=temp, **kw)
+    np.testing.assert_array_equal(t1, t2)
+    np.testing.assert_array_equal(q1.counts, q2.counts)
+
+
+def test_numba_filtered_fail_closed():
+    rng = np.random.default_rng(22)
+    x = rows(rng, 4, 6)
+    x[3, 2] = np.nan
+    out_n = {"status": np.zeros(4, np.int32)}
+    out_r = {"status": np.zeros(4, np.int32)}
+    kw = dict(top_k=np.array([2, -1, 3, 3]), top_p=np.array([1.0, 1.0, 2.0, 1.0]), check=False)
+    qn = dyadic.allocate(x, logits=True, backend="numba", out=out_n, **kw)
+    qr = dyadic.allocate(x, logits=True, backend="reference", out=out_r, **kw)
+    assert out_n["status"].tolist() == out_r["status"].tolist() == [
+        0, _status.TOP_K_INVALID, _status.TOP_P_INVALID, _status.X_NAN]
+    np.testing.assert_array_equal(qn.counts, qr.counts)
+    np.testing.assert_array_equal(qn.ids, qr.ids)

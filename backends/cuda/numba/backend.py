@@ -133,6 +133,7 @@ def _dummy(dtype, ndim):
 class NumbaBackend(Backend):
     name = "numba"
     has_logits_verify = True
+    has_logits_filters = True
     #: launches go through numba's own stream handling and copies: not capturable
     #: in a CUDA graph (the backend's job is correctness, not speed).
     graph_capturable = False
@@ -274,3 +275,51 @@ class NumbaBackend(Backend):
             _in(top_k), _in(top_p, np.uint32), _in(min_p, np.uint32),
             *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, *scratch)
         outs.finish()
+
+    def _filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, keys, tokens,
+                  counts, ids, status):
+        _need(len(_shape(x)) == 2, f"x: shape {_shape(x)}, expected [B, V]")
+        bsz, v = _shape(x)
+        width = int(width or 0)
+        _need(0 <= width <= v, f"width: {width} must be in [0, {v}] (0: dense)")
+        _check_rows(bsz, temperature=(temperature, ()), top_k=(top_k, ()), top_p=(top_p, ()),
+                    min_p=(min_p, ()), tokens=(tokens, ()), counts=(counts, (width or v,)),
+                    ids=(ids, (width,)) if width else (None, ()), status=(status, ()))
+        _need((ids is None) == (width == 0), "ids: required exactly for sparse rows")
+        if bias is not None:
+            _need(_shape(bias) in ((1, v), (bsz, v)),
+                  f"bias: shape {_shape(bias)}, expected (1, {v}) or ({bsz}, {v})")
+        if keys is not None:
+            _check_keys(keys, bsz)
+        d_x = _in(x).reshape(bsz, 1, v)
+        d_bias = _in(bias) if bias is not None else _dummy(np.float32, 2)
+        outs = _Outs()
+        d_tokens = outs(tokens) if tokens is not None else _dummy(np.int32, 1)
+        d_counts = outs(counts)
+        d_ids = outs(ids) if ids is not None else _dummy(np.int32, 2)
+        d_status = outs(status)
+        if keys is None:
+            z64 = _dummy(np.uint64, 1)
+            z32 = _dummy(np.uint32, 1)
+            keys = (z64, z32, z32, z32)
+        else:
+            keys = self._keys(*keys)
+        slots = max(1, min(bsz, L.MAX_SLOTS))
+        scratch = [cuda.device_array((slots, v), dtype=dt)
+                   for dt in (np.uint64, np.uint64, np.int64, np.int64)]
+        tpb = 32
+        L.alloc_filtered_kernel[(slots + tpb - 1) // tpb, tpb](
+            d_x, d_bias, int(bias is not None), _in(temperature), _in(top_k),
+            _in(top_p, np.uint32), _in(min_p, np.uint32), int(policy), width,
+            int(tokens is not None), *keys, d_tokens, d_counts, d_ids, d_status, *scratch)
+        outs.finish()
+
+    def allocate_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width,
+                          counts, ids, status):
+        self._filtered(x, bias, temperature, top_k, top_p, min_p, policy, width, None, None,
+                       counts, ids, status)
+
+    def propose_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, seed,
+                         generation, round, position, tokens, counts, ids, status):
+        self._filtered(x, bias, temperature, top_k, top_p, min_p, policy, width,
+                       (seed, generation, round, position), tokens, counts, ids, status)

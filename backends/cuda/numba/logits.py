@@ -28,10 +28,14 @@ from numba import cuda
 from dyadic import _spec, _status
 
 from .core import (U, U0, U1, U24, U40, F32_MAG, F32_ONE, TOTAL, accept_decision, add128,
-                   device, f32_mant_exp, f64_key, key_words, lt128, mul64, sub128,
+                   device, draw_block, f32_mant_exp, f64_key, key_words, lt128, mul64, sub128,
                    uniform_below, weight_from_gap)
 
+U8 = U(8)
 U255 = U(255)
+TOTAL_INT = _spec.TOTAL
+DOMAIN_PROPOSAL = _spec.DOMAIN_PROPOSAL
+X_NAN, X_POSINF, X_ZERO_MASS = _status.X_NAN, _status.X_POSINF, _status.X_ZERO_MASS
 U39 = U(_spec.WEIGHT_BITS)
 NEG_ZERO_F32 = U(0x80000000)
 DOMAIN_ACCEPTANCE = _spec.DOMAIN_ACCEPTANCE
@@ -140,13 +144,25 @@ def radix_prefix(KEY, ID, P, s, n, need, weighted, IDX, hist):
 
 
 @device
-def processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s):
+def z_of(xf, bias, has_bias, brow, b, i, v, t):
+    """z = (x + bias) / t in binary64 (fixedpoint.effective_logit); np.float64, not
+    float(): compiled numba types float(float32) as float32."""
+    x = np.float64(xf[b, i, v])
+    if has_bias:
+        x = x + np.float64(bias[brow, v])
+    return x / t
+
+
+@device
+def processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s,
+                  bias, has_bias, brow):
     """(status, T, argmax) of row (b, i) at temperature t > 0; P[s, :n] receives
-    the processed target (target_logits.processed_row)."""
+    the processed target (target_logits.processed_row; z with the bias row ``brow``
+    of ``bias`` when ``has_bias``: allocate / propose)."""
     zmax = -math.inf
     arg = -1
     for v in range(n):
-        z = np.float64(xf[b, i, v]) / t
+        z = z_of(xf, bias, has_bias, brow, b, i, v, t)
         if not z < math.inf:
             return TARGET_INVALID_VALUE, U0, -1
         if z > zmax:
@@ -157,7 +173,7 @@ def processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s)
     mpw = f32_ceil24(mbits) << U39
     cnt = 0
     for v in range(n):
-        z = np.float64(xf[b, i, v]) / t
+        z = z_of(xf, bias, has_bias, brow, b, i, v, t)
         w = weight_from_gap(zmax - z)
         P[s, v] = U0
         if z > -math.inf and (w << U24) >= mpw:
@@ -219,7 +235,8 @@ def target_of(xf, b, i, n, g, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s):
     if g:
         st, arg = logits_argmax(xf, b, i, n)
         return st, U1, arg
-    return processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s)
+    return processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s,
+                         xf, False, 0)
 
 
 @device
@@ -404,4 +421,166 @@ def verify_logits_kernel(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, min
     while b < status.shape[0]:
         verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen,
                        rnd, pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s)
+        b += slots
+
+
+# ---------------------------------------------------------------- allocate / propose with filters
+
+
+@device
+def allocate_on(P, KEY, ID, IDX, hist, s, n, policy, argpos, counts, b):
+    """Floor + largest remainders (policy 0) or floor-first over the n candidates
+    (weights P[s, ID[s, j]]), counts in counts[b, :n] (allocation.allocate_weights,
+    the C core's dy_alloc_weights)."""
+    total = U0
+    for j in range(n):
+        total += P[s, ID[s, j]]
+    if total == U0:
+        return X_ZERO_MASS
+    sumbase = U0
+    for j in range(n):
+        w = P[s, ID[s, j]] << U24
+        q = w // total
+        counts[b, j] = q
+        KEY[s, j] = w - q * total
+        sumbase += q
+    if sumbase > TOTAL or sumbase == U0:
+        return ALLOC_INCONSISTENT
+    remaining = TOTAL - sumbase
+    if remaining == U0:
+        return 0
+    if policy == 0:
+        if remaining > U(n):
+            return ALLOC_INCONSISTENT
+        tau, need = radix_prefix(KEY, ID, P, s, n, remaining, False, IDX, hist)
+        ties = U0
+        for j in range(n):
+            kj = KEY[s, j]
+            if kj > tau:
+                counts[b, j] = counts[b, j] + 1
+            elif kj == tau and ties < need:
+                ties += U1
+                counts[b, j] = counts[b, j] + 1
+    else:
+        counts[b, argpos] = counts[b, argpos] + remaining
+    return 0
+
+
+@device
+def filtered_row(xf, bias, has_bias, temp, topk, topp, minp, policy, width, do_draw, seed, gen,
+                 rnd, pos, tokens, counts, ids, P, KEY, ID, IDX, hist, b, s):
+    """Row b of allocate / propose with top_p / min_p; returns its status
+    (allocation.allocate_filtered_row, the C core's dy_allocate_filtered_row /
+    dy_propose_filtered_row)."""
+    n = xf.shape[2]
+    brow = b if bias.shape[0] > 1 else 0
+    t = np.float64(temp[b])
+    tk = np.int64(topk[b])
+    if tk < 0 or (width > 0 and tk < 1):
+        return TOP_K_INVALID
+    if width > 0 and tk > width:
+        tk = np.int64(width)
+    pbits = U(topp[b])
+    mbits = U(minp[b])
+    st = params_status(1.0, tk, pbits, mbits)
+    if st != 0:
+        return st
+    greedy = do_draw != 0 and t == 0.0
+    tz = 1.0 if greedy else t
+    zmax = -math.inf
+    arg = -1
+    for v in range(n):
+        z = z_of(xf, bias, has_bias, brow, b, 0, v, tz)
+        if z != z:
+            return X_NAN
+        if z == math.inf:
+            return X_POSINF
+        if z > zmax:
+            zmax = z
+            arg = v
+    if arg < 0:
+        return X_ZERO_MASS
+    if greedy:
+        w_ = width if width > 0 else n
+        for j in range(w_):
+            counts[b, j] = 0
+            if width > 0:
+                ids[b, j] = PAD_ID
+        if width > 0:
+            counts[b, 0] = TOTAL_INT
+            ids[b, 0] = arg
+        else:
+            counts[b, arg] = TOTAL_INT
+        tokens[b] = arg
+        return 0
+    st, _, arg = processed_row(xf, b, 0, n, t, tk, pbits, mbits, P, KEY, ID, IDX, hist, s,
+                               bias, has_bias, brow)
+    if st != 0:
+        return ALLOC_INCONSISTENT  # unreachable after the checks above
+    if width == 0:
+        for v in range(n):
+            ID[s, v] = v
+        st = allocate_on(P, KEY, ID, IDX, hist, s, n, policy, arg, counts, b)
+        if st != 0:
+            return st
+    else:
+        m = 0
+        argpos = 0
+        for v in range(n):
+            if P[s, v] > U0:
+                if m == width:
+                    return ALLOC_INCONSISTENT  # unreachable: top_k <= width
+                if v == arg:
+                    argpos = m
+                ID[s, m] = v
+                m += 1
+        st = allocate_on(P, KEY, ID, IDX, hist, s, m, policy, argpos, counts, b)
+        if st != 0:
+            return st
+        o = 0
+        for j in range(m):
+            c = counts[b, j]
+            if c > 0:
+                counts[b, o] = c
+                ids[b, o] = ID[s, j]
+                o += 1
+        for j in range(o, width):
+            counts[b, j] = 0
+            ids[b, j] = PAD_ID
+    if do_draw != 0:
+        sd, ge, ro, p0 = key_words(seed, gen, rnd, pos, b)
+        w0, _, _, _ = draw_block(sd, ge, ro, p0, DOMAIN_PROPOSAL, 0)
+        r = w0 >> U8
+        run = U0
+        w_ = width if width > 0 else n
+        for j in range(w_):
+            run += U(counts[b, j])
+            if run > r:
+                tokens[b] = ids[b, j] if width > 0 else j
+                break
+    return 0
+
+
+@cuda.jit
+def alloc_filtered_kernel(xf, bias, has_bias, temp, topk, topp, minp, policy, width, do_draw,
+                          seed, gen, rnd, pos, tokens, counts, ids, status, P, KEY, ID, IDX):
+    s = np.int64(cuda.grid(1))
+    slots = np.int64(P.shape[0])
+    if s >= slots:
+        return
+    hist = cuda.local.array(256, np.uint64)
+    b = s
+    while b < status.shape[0]:
+        if do_draw != 0:
+            tokens[b] = -1
+        st = filtered_row(xf, bias, has_bias, temp, topk, topp, minp, policy, width, do_draw,
+                          seed, gen, rnd, pos, tokens, counts, ids, P, KEY, ID, IDX, hist, b, s)
+        status[b] = st
+        if st != 0:
+            for j in range(counts.shape[1]):
+                counts[b, j] = 0
+                if width > 0:
+                    ids[b, j] = PAD_ID
+            if do_draw != 0:
+                tokens[b] = -1
         b += slots
