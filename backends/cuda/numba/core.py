@@ -15,15 +15,13 @@ and ``cuda.syncthreads`` only: no warp intrinsics, so the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) runs exactly the code the GPU runs.  Every
 helper must be called by all threads of the block (uniform control flow).
 
-Test-only switch: ``DYADIC_NUMBA_CORE_NJIT=1`` (read at import, default off)
-compiles the pure-arithmetic functions (``@device``) with ``numba.njit`` on the
-CPU instead of ``cuda.jit(device=True)``: same numba typing as the GPU, so
-compiled-only rounding shows without a GPU (tests/gpu/test_numba_compiled_core.py).
-Only the decorator changes; the kernels and block helpers cannot run under it.
+The pure-arithmetic functions are decorated ``@device`` (``cuda.jit(device=True)``,
+looked up at import): tests/gpu/test_numba_compiled_core.py imports this module
+in a fresh interpreter with ``numba.cuda.jit(device=True)`` standing for
+``numba.njit``, so compiled-only typing hazards show without a GPU.
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -63,20 +61,12 @@ PH_W0, PH_W1 = U(0x9E3779B9), U(0xBB67AE85)
 DOMAIN_SHIFT = U(_spec.DOMAIN_SHIFT)
 MAX_DRAW_INDEX = _spec.MAX_DRAW_INDEX
 
-#: Test-only switch (read once, at import): DYADIC_NUMBA_CORE_NJIT=1 compiles the
-#: pure-arithmetic device functions (those decorated ``@device``) with numba's CPU
-#: ``numba.njit`` instead of ``cuda.jit(device=True)``.  Both targets share numba's
-#: typing rules (unlike the simulator, which runs them as Python on NumPy
-#: scalars), so a typing hazard that only shows on a GPU (a signed/unsigned mix
-#: promoted to float64, float(float32) typed as float32) shows on the CPU too;
-#: tests/gpu/test_numba_compiled_core.py uses it.  The kernels cannot run under it.
-CORE_NJIT = os.environ.get("DYADIC_NUMBA_CORE_NJIT", "") == "1"
-if CORE_NJIT:
-    import numba
-
-    device = numba.njit
-else:
-    device = cuda.jit(device=True)
+#: The decorator of the pure-arithmetic device functions.  Only these may use it:
+#: tests/gpu/test_numba_compiled_core.py compiles them with ``numba.njit`` on the
+#: CPU (same typing rules as ``cuda.jit``, unlike the simulator, which runs them as
+#: Python on NumPy scalars) by importing this module with ``cuda.jit(device=True)``
+#: returning ``numba.njit``.
+device = cuda.jit(device=True)
 
 MAX_TPB = 256  # shared arrays are sized for this; blocks are a power of two <= MAX_TPB
 
