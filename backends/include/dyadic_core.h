@@ -414,6 +414,26 @@ DY_FUNC uint64_t dy_order_key(double z) {
 
 /* ====================== acceptance (sampling.py) ====================== */
 
+/* Uniform in [0, n), 1 <= n <= 2**63, by rejection with the fixed mask 2**63 - 1
+ * (philox.uniform_below_63): the value does not depend on n beyond the
+ * comparison x < n.  *index: the first draw index in, the next one out. */
+DY_FUNC int dy_uniform_below_63(uint64_t n, uint64_t seed, uint32_t generation, uint32_t round,
+                                uint32_t position, uint32_t domain, uint32_t *index,
+                                uint64_t *out) {
+    uint32_t w[4];
+    uint64_t x;
+    while (*index <= DY_MAX_DRAW_INDEX) {
+        dy_philox_block(seed, generation, round, position, domain, *index, w);
+        *index += 1;
+        x = ((uint64_t)w[0] | ((uint64_t)w[1] << 32)) & 0x7FFFFFFFFFFFFFFFull;
+        if (x < n) {
+            *out = x;
+            return DY_ST_OK;
+        }
+    }
+    return DY_ST_RNG_EXHAUSTED;
+}
+
 /* (always, a, b): accept d with probability min(1, P_d 2**24 / (T c_d)). */
 DY_FUNC void dy_accept_split(uint64_t p_fixed, uint64_t total, uint32_t count, int *always,
                              uint64_t *a, uint32_t *b) {
@@ -445,8 +465,8 @@ DY_FUNC int dy_accept(uint64_t p_fixed, uint64_t total, uint32_t count, uint64_t
         *accepted = 1;
         return DY_ST_OK;
     }
-    st = dy_uniform_below_u64(total, seed, generation, round, position, DY_DOMAIN_ACCEPTANCE,
-                              &idx, &v1);
+    st = dy_uniform_below_63(total, seed, generation, round, position, DY_DOMAIN_ACCEPTANCE,
+                             &idx, &v1);
     if (st) return st;
     if (v1 != a) {
         *accepted = v1 < a;

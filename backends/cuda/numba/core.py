@@ -40,6 +40,7 @@ U255 = U(255)
 M32 = U(0xFFFFFFFF)
 M64 = U(0xFFFFFFFFFFFFFFFF)
 TOP_BIT = U(1 << 63)
+LOW63 = U((1 << 63) - 1)
 TOTAL = U(_spec.TOTAL)
 TARGET_ONE = U(1 << _spec.TARGET_BITS)
 TARGET_TOL = U((1 << _spec.TARGET_BITS) >> _spec.TARGET_TOL_BITS)
@@ -227,22 +228,37 @@ def uniform_below(nh, nl, seed, gen, rnd, pos, domain, start):
 
 
 @device
+def uniform_below_63(n, seed, gen, rnd, pos, domain, start):
+    """Uniform in [0, n), 1 <= n <= 2**63, with the fixed mask 2**63 - 1
+    (philox.uniform_below_63): (value, next_index, ok)."""
+    index = start
+    while index <= MAX_DRAW_INDEX:
+        w0, w1, w2, w3 = draw_block(seed, gen, rnd, pos, domain, index)
+        x = (w0 | (w1 << U32)) & LOW63
+        index += 1
+        if x < n:
+            return x, index, True
+    return U0, index, False
+
+
+@device
 def accept_decision(pd, total, c, seed, gen, rnd, pos, domain):
     """(ok, rng_ok) of one draft token (reference sampling.accept): accept with
     probability min(1, P_d 2**24 / (T c)), exactly.  N = P_d * 2**24 (128-bit);
     N >= T c always accepts, else N = a c + b and the test is
-    ``V1 < a or (V1 == a and V2 < b)`` with V1 uniform on [0, T), V2 on [0, c)."""
+    ``V1 < a or (V1 == a and V2 < b)`` with V1 uniform on [0, T) (uniform_below_63),
+    V2 on [0, c)."""
     nh = pd >> U40
     nl = pd << U24
     mh, ml = mul64(total, c)
     if not lt128(nh, nl, mh, ml):
         return True, True
     ah, al, rb = divmod128_small(nh, nl, c)
-    vh, vl, nxt, good = uniform_below(U0, total, seed, gen, rnd, pos, domain, 0)
+    vl, nxt, good = uniform_below_63(total, seed, gen, rnd, pos, domain, 0)
     if not good:
         return False, False
-    if vh != ah or vl != al:
-        return lt128(vh, vl, ah, al), True
+    if ah != U0 or vl != al:
+        return lt128(U0, vl, ah, al), True
     _, wl, _, good = uniform_below(U0, c, seed, gen, rnd, pos, domain, nxt)
     if not good:
         return False, False
