@@ -7,7 +7,8 @@
 #           ids, streams, graph capture) and the host-side tests that touch the device path
 #   numba   the numba parity tests
 #   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400)
-#   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT
+#   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
+#           (comma-separated substrings) picks cases
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
 #           dyadic/bench/gpu.py per side, then python -m dyadic.bench compare
@@ -64,7 +65,7 @@ PY
   fi
   if has bench; then stamp "dyadic.bench gpu"
   timeout ${BENCH_T:-180} python3 -m dyadic.bench gpu --batch ${BATCH:-1,4,16,64} \
-      --reps ${REPS:-200} --out "$OUT" --label ${LABEL:-tree} 2>&1 | tail -${TAIL:-60}
+      --reps ${REPS:-200} --out "$OUT" --label ${LABEL:-tree} --cases "${CASES:-}" 2>&1 | tail -${TAIL:-60}
   echo "bench exit: $?"
   fi
   if has ab; then stamp "A/B: ${AB_OLD:?AB_OLD: the old source tree} vs this tree"

@@ -71,7 +71,8 @@ def exp2_neg_q62(uint32_t f):
 
 def logits_target_row(const float[::1] x, double temperature, int64_t top_k,
                       uint32_t top_p_bits, uint32_t min_p_bits):
-    """dy_logits_target_row on one row (tests compare it with the reference):
+    """dy_logits_target_row and dy_scale_target on one row, as verify(logits=True)
+    builds a target row (tests compare it with the reference's processed_row):
     (status, P uint64 [V], T, argmax); the parameters are checked first."""
     cdef Py_ssize_t Vs = x.shape[0]
     _vocab("x", Vs)
@@ -85,6 +86,8 @@ def logits_target_row(const float[::1] x, double temperature, int64_t top_k,
     if st == 0:
         st = dy_logits_target_row(&x[0], NULL, V, temperature, top_k, top_p_bits, min_p_bits,
                                   &pv[0], &ws[0], &total, &arg)
+    if st == 0:
+        dy_scale_target(&pv[0], V, &total)
     return st, p, total, arg
 
 

@@ -57,3 +57,4 @@ cdef extern from "dyadic_core.h" nogil:
                                 int policy, uint32_t vocab, uint32_t width, uint64_t seed,
                                 uint32_t generation, uint32_t round, uint32_t position,
                                 int32_t *token, uint32_t *counts, int32_t *ids, uint64_t *ws)
+    void dy_scale_target(uint64_t *p, uint32_t vocab, uint64_t *total)

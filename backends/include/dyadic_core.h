@@ -419,6 +419,26 @@ DY_FUNC uint64_t dy_order_key(double z) {
 
 /* ====================== acceptance (sampling.py) ====================== */
 
+/* Uniform in [0, n), 1 <= n <= 2**63, by rejection with the fixed mask 2**63 - 1
+ * (philox.uniform_below_63): the value does not depend on n beyond the
+ * comparison x < n.  *index: the first draw index in, the next one out. */
+DY_FUNC int dy_uniform_below_63(uint64_t n, uint64_t seed, uint32_t generation, uint32_t round,
+                                uint32_t position, uint32_t domain, uint32_t *index,
+                                uint64_t *out) {
+    uint32_t w[4];
+    uint64_t x;
+    while (*index <= DY_MAX_DRAW_INDEX) {
+        dy_philox_block(seed, generation, round, position, domain, *index, w);
+        *index += 1;
+        x = ((uint64_t)w[0] | ((uint64_t)w[1] << 32)) & 0x7FFFFFFFFFFFFFFFull;
+        if (x < n) {
+            *out = x;
+            return DY_ST_OK;
+        }
+    }
+    return DY_ST_RNG_EXHAUSTED;
+}
+
 /* (always, a, b): accept d with probability min(1, P_d 2**24 / (T c_d)). */
 DY_FUNC void dy_accept_split(uint64_t p_fixed, uint64_t total, uint32_t count, int *always,
                              uint64_t *a, uint32_t *b) {
@@ -450,8 +470,8 @@ DY_FUNC int dy_accept(uint64_t p_fixed, uint64_t total, uint32_t count, uint64_t
         *accepted = 1;
         return DY_ST_OK;
     }
-    st = dy_uniform_below_u64(total, seed, generation, round, position, DY_DOMAIN_ACCEPTANCE,
-                              &idx, &v1);
+    st = dy_uniform_below_63(total, seed, generation, round, position, DY_DOMAIN_ACCEPTANCE,
+                             &idx, &v1);
     if (st) return st;
     if (v1 != a) {
         *accepted = v1 < a;
@@ -1619,14 +1639,25 @@ DY_FUNC void dy_select_mass(const uint64_t *key, const uint64_t *p, const uint32
     *rest = need;
 }
 
+/* The scaling of a processed target (target_logits.processed_row): P_v <<= s,
+ * T <<= s with s = 62 - floor(log2(T)) (0 for T >= 2**62), so T lies in
+ * [2**62, 2**63]; 2**39 <= T <= 2**63 on entry. */
+DY_FUNC void dy_scale_target(uint64_t *p, uint32_t vocab, uint64_t *total) {
+    int s = 62 - (dy_bitlen64(*total) - 1);
+    uint32_t v;
+    if (s <= 0) return;
+    for (v = 0; v < vocab; v++) p[v] <<= s;
+    *total <<= s;
+}
+
 /* Workspace of dy_logits_target_row, in uint64_t words. */
 DY_FUNC uint64_t dy_logits_target_ws_words(uint32_t vocab) { return 2ull * vocab; }
 
-/* The processed target of one logits row at temperature > 0
- * (target_logits.processed_row; z = (x + bias) / temperature, bias NULL for
- * verify, as dy_effective_logit): p [V] receives P_v (W_v on the kept tokens,
- * else 0), *total = T = sum P (2**39 <= T <= 2**63), *argmax the first token
- * of the ranking.  Parameters already validated (dy_logits_params_status).
+/* The kept weights of one logits row at temperature > 0
+ * (target_logits.weights_row; z = (x + bias) / temperature, bias NULL for
+ * verify, as dy_effective_logit): p [V] receives W_v on the kept tokens, else
+ * 0, *total = sum p (2**39 <= total <= 2**63), *argmax the first token of the
+ * ranking; verify scales them by dy_scale_target.  Parameters already validated (dy_logits_params_status).
  * ws: dy_logits_target_ws_words(V) words.  Returns a status
  * (TARGET_INVALID_VALUE for NaN / +inf in z, TARGET_ZERO_MASS). */
 DY_FUNC int dy_logits_target_row(const float *x, const float *bias, uint32_t vocab,
@@ -1897,6 +1928,7 @@ DY_FUNC int dy_verify_logits_row_host(const float *target, const int32_t *draft,
             st = dy_logits_target_row(row, DY_NULL, vocab, temperature, top_k, top_p_bits,
                                       min_p_bits, pall + (uint64_t)i * vocab, rws, &totals[i],
                                       &a);
+            if (!st) dy_scale_target(pall + (uint64_t)i * vocab, vocab, &totals[i]);
         }
         if (st) return st;
         args[i] = (uint64_t)a;

@@ -1,7 +1,7 @@
 """GPU timings of backend="cuda" calls and of the plain-PyTorch pipelines.
 
     python -m dyadic.bench gpu [--batch 1,4,16,64] [--vocab 129280] [--k 5] [--reps 200]
-                               [--out DIR] [--label NAME]
+                               [--out DIR] [--label NAME] [--cases SUBSTR,...]
     python path/to/dyadic/bench/gpu.py ...     (the same, run as a script)
 
 For each batch size B and each case (a zero-argument call on inputs made beforehand,
@@ -26,7 +26,9 @@ trivial_kernel (a one-element add: the cost of a launch alone); propose_top32_bf
 propose_dense_bf16 and propose_dense_bf16_floor_first (top_k=None, policy "standard" /
 "floor-first"); allocate_dense_f32; allocate_top32_f32; draw_top32 (from a top-32 q);
 verify_k5_dense / verify_k5_top32 (dense / top-32 q), each also _lazy (check="lazy") and
-_checked (check=True); verify_k5_dense_greedy (every other request greedy=True); and the
+_checked (check=True); verify_k5_{dense,top32}[_lazy]_{close,indep}_cold (inputs
+rotated over enough sets that the L2 cache does not hold them: ``verify_cold``; graph
+replay only, time per call); verify_k5_dense_greedy (every other request greedy=True); and the
 plain-PyTorch pipelines torch_top32_proposal (topk, softmax, multinomial, gather) and
 torch_verify_k5_dense (gather, ratio test, clamp(p - q, 0), exponential race).
 
@@ -70,12 +72,16 @@ from dyadic.bench.timing import capture_graph, held_event_times  # noqa: E402
 
 V, K, W, T = 129280, 5, 32, 0.7  # vocabulary, draft depth, top-k width, temperature
 BANDWIDTH = 4.2e12  # B/s, for floor_us
+L2_BYTES = 50 * 2**20  # the H200's L2 cache, for the cold (rotated-input) cases
 METRICS = ("graph_dev_us", "eager_host_us", "floor_us")
 POLICIES = ("standard", "floor-first")
 
-Case = collections.namedtuple("Case", "name make nbytes graph")
-Case.__doc__ = """name; make() -> the zero-argument call; nbytes: the bytes the call must
-move at least once (None: no such bound); graph: whether it can be captured."""
+Case = collections.namedtuple("Case", "name make nbytes graph calls eager",
+                              defaults=(1, True))
+Case.__doc__ = """name; make() -> the zero-argument call; nbytes: the bytes one call must
+move at least once (None: no such bound); graph: whether it can be captured; calls: the
+dyadic calls one invocation of the call makes (times are divided by it); eager: whether
+eager host time is measured."""
 
 
 class Inputs:
@@ -154,6 +160,42 @@ class Inputs:
                 "status": self.empty(self.B)}
 
 
+def cold_sets(per_set_bytes):
+    """How many input sets a cold case rotates through: enough that the sets together
+    are three times the L2 cache (so no call finds its inputs there), at least 2."""
+    return max(2, min(64, -(-3 * L2_BYTES // per_set_bytes)))
+
+
+def verify_cold(inp, workload, sparse, check):
+    """``make`` of a verify case on ``cold_sets`` input sets called one after another
+    (one invocation = that many calls).  workload "close": p = softmax(3 z), q =
+    softmax(3 z + 0.5 noise); "indep": p = softmax(3 z1), q = softmax(3 z2); z ~ N(0, 1)
+    per request and position; drafts drawn from q's counts (dense) or q's top id
+    (top-32)."""
+    B, nv, k = inp.B, inp.V, inp.k
+
+    def make():
+        calls = []
+        for r in range(cold_sets(B * (2 * k + 1) * nv * 4)):
+            s = Inputs(B, nv, k, inp.device, inp.backend, seed=inp.seed * 7919 + 17 + r)
+            z = s.randn(11, B, k + 1, nv)
+            p = torch.softmax(3 * z, -1)
+            zq = z[:, :k] if workload == "close" else s.randn(12, B, k, nv)
+            s.qd = torch.softmax(3 * zq + 0.5 * s.randn(13, B, k, nv), -1)
+            d, q = (s.draft_top, s.q_top) if sparse else (s.draft_dense, s.q_dense)
+            del s.qd, z, zq
+            calls.append((p, d, q, s.keys, s.verdict_out()))
+        be = inp.backend
+
+        def run():
+            for p, d, q, keys, out in calls:
+                v = dyadic.verify(p, d, q, keys, backend=be, check=check, out=out)
+            return v
+        run.calls = len(calls)
+        return run
+    return make
+
+
 def cases(inp):
     """The cases at ``inp``'s batch, in table order, as ``Case`` rows (nothing is built
     until ``make`` is called)."""
@@ -230,6 +272,13 @@ def cases(inp):
         out += [Case(f"verify_k{k}_{q}", verify(sparse, False), target, True),
                 Case(f"verify_k{k}_{q}_lazy", verify(sparse, "lazy"), None, True),
                 Case(f"verify_k{k}_{q}_checked", verify(sparse, True), target, False)]
+    for workload in ("close", "indep"):
+        for sparse, q in ((False, "dense"), (True, "top32")):
+            for check, tag in (("lazy", "_lazy"), (False, "")):
+                out.append(Case(f"verify_k{k}_{q}{tag}_{workload}_cold",
+                                verify_cold(inp, workload, sparse, check),
+                                target if check is False else None, True, calls=None,
+                                eager=False))
     out += [Case(f"verify_k{k}_dense_greedy", verify(False, False, greedy=True), target, True),
             Case("torch_top32_proposal", torch_proposal, B * nv * 2, True),
             Case(f"torch_verify_k{k}_dense", torch_verify, target, True)]
@@ -237,12 +286,13 @@ def cases(inp):
 
 
 def graph_dev_us(fn, reps):
-    """Median device time (us) of a CUDA-graph replay of ``fn``, the queue held."""
+    """Median device time (us) of a CUDA-graph replay of ``fn``, the queue held, divided
+    by ``fn.calls`` (the dyadic calls one invocation makes; 1 when absent)."""
     replay = capture_graph(fn)
     for _ in range(10):
         replay()
     h = held_event_times(replay, reps)
-    us = statistics.median(h["times"]) * 1e6
+    us = statistics.median(h["times"]) * 1e6 / getattr(fn, "calls", 1)
     return round(us, 2) if h["held"] else f"{us:.1f} (not held)"
 
 
@@ -272,10 +322,11 @@ def measure(case, B, reps, label):
     except Exception as e:  # noqa: BLE001 - recorded; the other cases still run
         row["graph_dev_us"] = row["eager_host_us"] = _error(e)
     else:
-        for metric, timer, ok in (("eager_host_us", eager_host_us, True),
+        for metric, timer, ok in (("eager_host_us", eager_host_us, case.eager),
                                   ("graph_dev_us", graph_dev_us, case.graph)):
             if not ok:
-                row[metric] = "n/a: check=True synchronises"
+                row[metric] = ("n/a: check=True synchronises" if metric == "graph_dev_us"
+                               else "n/a: timed in graph replay only")
                 continue
             try:
                 row[metric] = timer(fn, reps)
@@ -320,6 +371,8 @@ def parse(argv=None):
                    help="timed calls per metric, median taken (default 200)")
     p.add_argument("--out", default=".", help="directory for gpu-LABEL.json")
     p.add_argument("--label", default="run", help="names the run in its rows and file name")
+    p.add_argument("--cases", default="", help="comma-separated substrings: only the cases "
+                   "whose name contains one of them (default: every case)")
     return p.parse_args(argv)
 
 
@@ -339,6 +392,8 @@ def main(argv=None):
     for B in a.batch:
         inp = Inputs(B, a.vocab, a.k)
         for case in cases(inp):
+            if a.cases and not any(c and c in case.name for c in a.cases.split(",")):
+                continue
             rows.append(measure(case, B, a.reps, a.label))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del inp

@@ -60,6 +60,30 @@ def uniform_below(n, keys, position, domain, start_index=0):
     raise RuntimeError("uniform_below: draw indices exhausted")
 
 
+def uniform_below_63(n, keys, position, domain, start_index=0):
+    """Exact uniform integer in [0, n), 1 <= n <= 2**63, by rejection with a fixed mask.
+
+    Attempt ``j`` reads the block at draw index ``start_index + j``, keeps the
+    low 63 bits of ``w0 | w1 << 32`` and accepts when the result is < n.  The
+    mask does not depend on ``n``: for the same draws, the value is the same
+    for every ``n`` above it (a verifier that knows ``n`` only within a band
+    decides most draws without it).  Each attempt succeeds with probability
+    ``n / 2**63``.  Returns ``(value, next_draw_index)``; raises RuntimeError
+    when draw indices run out.
+    """
+    if not 1 <= n <= (1 << 63):
+        raise ValueError(f"uniform_below_63: n={n} out of range [1, 2**63]")
+    mask = (1 << 63) - 1
+    index = start_index
+    while index <= _spec.MAX_DRAW_INDEX:
+        w = block(keys, position, domain, index)
+        x = (w[0] | (w[1] << 32)) & mask
+        index += 1
+        if x < n:
+            return x, index
+    raise RuntimeError("uniform_below_63: draw indices exhausted")
+
+
 def proposal_ticket(keys, position):
     """The 24-bit proposal draw r: word 0 of draw index 0, shifted right by 8."""
     return block(keys, position, _spec.DOMAIN_PROPOSAL, 0)[0] >> 8

@@ -76,7 +76,8 @@ def accept_split(p_fixed, total, count):
 
     With N = P_d * 2**24: if N >= T * c_d the draft is always accepted; else
     N = a * c_d + b and the test is ``V1 < a or (V1 == a and V2 < b)`` with V1
-    uniform on [0, T) and V2 uniform on [0, c_d), which has probability
+    uniform on [0, T) (``philox.uniform_below_63``: the draw's mask does not
+    depend on T) and V2 uniform on [0, c_d), which has probability
     (a * c_d + b) / (T * c_d) exactly.
     """
     n = p_fixed << _spec.TOTAL_BITS
@@ -91,7 +92,7 @@ def accept(p_fixed, total, count, keys, position):
     always, a, b = accept_split(p_fixed, total, count)
     if always:
         return True
-    v1, nxt = philox.uniform_below(total, keys, position, _spec.DOMAIN_ACCEPTANCE, 0)
+    v1, nxt = philox.uniform_below_63(total, keys, position, _spec.DOMAIN_ACCEPTANCE, 0)
     if v1 != a:
         return v1 < a
     v2, _ = philox.uniform_below(count, keys, position, _spec.DOMAIN_ACCEPTANCE, nxt)

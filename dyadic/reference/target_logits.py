@@ -77,8 +77,30 @@ def rank(zs, ids):
     return sorted(ids, key=lambda v: (-zs[v], v))
 
 
+def scale_shift(total_w):
+    """s with ``total_w * 2**s`` in [2**62, 2**63]: ``62 - floor(log2(total_w))``, 0
+    when total_w >= 2**62 (total_w in [2**39, 2**63])."""
+    return max(0, 62 - (total_w.bit_length() - 1))
+
+
 def processed_row(xs, temperature, top_k, top_p_bits, min_p_bits):
     """The processed target of one logits row at temperature > 0.
+
+    ``(status, P, T, argmax)`` with ``P_v = W_v * 2**s`` on the kept tokens (0
+    elsewhere), ``T = sum(P)`` in [2**62, 2**63] (``s = scale_shift(sum W_kept)``:
+    a power of two, so ``p(v) = P_v / T`` is that of the weights; the acceptance
+    draw ``uniform_below_63(T)`` then succeeds with probability >= 1/2 per
+    attempt, as for probability targets)."""
+    st, p, total, arg = weights_row(xs, temperature, top_k, top_p_bits, min_p_bits)
+    if st:
+        return st, None, 0, -1
+    s = scale_shift(total)
+    return st, [w << s for w in p], total << s, arg
+
+
+def weights_row(xs, temperature, top_k, top_p_bits, min_p_bits):
+    """The kept weights of one logits row at temperature > 0 (before the scaling of
+    ``processed_row``).
 
     ``xs``: Python floats holding exact float32 values.  Returns
     ``(status, P, T, argmax)`` with ``P`` a list of V ints (``P_v = W_v`` on the

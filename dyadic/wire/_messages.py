@@ -71,7 +71,7 @@ class Hello:
     max_support : largest sparse row (entries), 0 = no sparse rows.
     max_frame_bytes : largest frame either side may send (header included).
     q_semantic_id : e.g. "dyadic24-standard-v1".  verifier_id : e.g.
-    "leviathan-standard-v1".  rng_abi : e.g. "philox4x32-10-dyadic-v1".
+    "leviathan-standard-v2".  rng_abi : e.g. "philox4x32-10-dyadic-v1".
     id_map_hash : 32 bytes (hash of the global id map).
     draft_identity / draft_kind (native 1 / adapted 2), target_identity : text.
     precision : PRECISION_FP32_DYADIC24 (q values are FP32 c / 2**24).

@@ -27,7 +27,8 @@ def test_parse():
     assert (a.batch, a.vocab, a.k, a.reps, a.out, a.label) == ([2, 8], 1000, 3, 7, "d", "old")
 
 
-def test_cases_run_once_on_the_host_backend():
+def test_cases_run_once_on_the_host_backend(monkeypatch):
+    monkeypatch.setattr(gpu, "L2_BYTES", 1)  # two input sets per cold case
     B, V, k = 3, 300, 4
     inp = gpu.Inputs(B, V, k, device="cpu", backend=host_backend())
     cs = gpu.cases(inp)
@@ -37,11 +38,16 @@ def test_cases_run_once_on_the_host_backend():
             "propose_dense_bf16_floor_first", "allocate_dense_f32", "allocate_top32_f32",
             "draw_top32", "verify_k4_dense", "verify_k4_dense_lazy", "verify_k4_dense_checked",
             "verify_k4_top32", "verify_k4_top32_lazy", "verify_k4_top32_checked",
-            "verify_k4_dense_greedy", "torch_top32_proposal", "torch_verify_k4_dense"} == set(names)
+            "verify_k4_dense_greedy", "torch_top32_proposal", "torch_verify_k4_dense"} | {
+            f"verify_k4_{q}{tag}_{w}_cold" for q in ("dense", "top32") for tag in ("", "_lazy")
+            for w in ("close", "indep")} == set(names)
+    assert sorted(c.name for c in cs if not c.eager) == sorted(n for n in names if "cold" in n)
     assert [c.name for c in cs if not c.graph] == ["verify_k4_dense_checked",
                                                     "verify_k4_top32_checked"]
     for c in cs:
-        r = c.make()()
+        fn = c.make()
+        assert getattr(fn, "calls", 1) == (2 if "cold" in c.name else 1)
+        r = fn()
         if isinstance(r, dyadic.Verdict):
             assert r.tokens.shape == (B, k + 1)
             assert r.status is None or not r.status.any(), c.name  # valid inputs

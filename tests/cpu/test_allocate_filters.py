@@ -106,7 +106,7 @@ def test_support_is_the_kept_set():
             row = x[r].tolist()
             pb = target_logits.param_bits(kw.get("top_p", 1.0))
             mb = target_logits.param_bits(kw.get("min_p", 0.0))
-            st, p, total, arg = target_logits.processed_row(row, 1.3, kw.get("top_k", 0), pb, mb)
+            st, p, total, arg = target_logits.weights_row(row, 1.3, kw.get("top_k", 0), pb, mb)
             assert st == 0
             kept = [v for v, w in enumerate(p) if w]
             _, want = allocation.allocate_weights(p, kept, _spec.POLICY_STANDARD, arg)

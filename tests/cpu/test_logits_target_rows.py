@@ -88,7 +88,7 @@ def test_statuses():
     assert same([np.inf, 1.0], 1.0, 0, 1.0, 0.0) is None
     assert same([-np.inf, -np.inf], 1.0, 0, 1.0, 0.0) is None
     assert same([3e38, 1.0], 1e-300, 0, 1.0, 0.0) is None  # z overflows to +inf
-    assert same([-3e38, 1.0], 1e-300, 0, 1.0, 0.0) == [0, 1 << 39]  # z = -inf masks
+    assert same([-3e38, 1.0], 1e-300, 0, 1.0, 0.0) == [0, 1 << 62]  # z = -inf masks
     for t, k, p, m in ((-1.0, 0, 1.0, 0.0), (np.nan, 0, 1.0, 0.0), (1.0, -1, 1.0, 0.0),
                        (1.0, 0, 1.5, 0.0), (1.0, 0, 1.0, 1.5), (1.0, 0, np.nan, 0.0)):
         assert same([1.0, 2.0], t, k, p, m) is None

@@ -83,7 +83,7 @@ def _same(q1, q2):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("v", [1, 2, 33, 111, 4097, 129280])
 @pytest.mark.parametrize("b", [1, 64])
-def test_propose_fast_parity(cuda, kind, v, b):
+def test_propose_topk_small_k_parity(cuda, kind, v, b):
     if v * b > 2_000_000:
         b = 16
     rng = np.random.default_rng(hash((kind, v, b)) % 2**32)
@@ -125,7 +125,7 @@ def test_allocate_fast_bias_and_probs(cuda, kind, v):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("b", [1, 4, 64])
-def test_propose_fast_device_half(cuda, dtype, b):
+def test_propose_topk_small_k_device_half(cuda, dtype, b):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(b)
     v = 129280
@@ -138,7 +138,7 @@ def test_propose_fast_device_half(cuda, dtype, b):
     np.testing.assert_array_equal(q1.ids.cpu().numpy(), np.asarray(q2.ids))
 
 
-def test_propose_fast_bad_rows_fail_closed(cuda):
+def test_propose_topk_small_k_bad_rows_fail_closed(cuda):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
     b, v = 6, 4097
@@ -169,7 +169,7 @@ def test_propose_fast_bad_rows_fail_closed(cuda):
 
 @pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("kind", ["random", "fewvals", "equal", "tail_spike"])
-def test_propose_fast_tiles(cuda, b, kind):
+def test_propose_topk_small_k_tiles(cuda, b, kind):
     """topk_onepass's tiles of 4096 ids (B = 1) and topk_onepass_wide's of 8192 (B = 3):
     ties that overflow the survivor buffer hit the exact fallback, ties at the bound the
     rank counting."""
@@ -186,7 +186,7 @@ def test_propose_fast_tiles(cuda, b, kind):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("v", [4099, 129280])
-def test_propose_fast_unaligned_rows(cuda, dtype, v):
+def test_propose_topk_small_k_unaligned_rows(cuda, dtype, v):
     """Rows that are not 16-byte aligned (a pointer one element past an aligned one,
     or V not a multiple of 8) take the scalar loads of topk_onepass_wide: the same results."""
     torch = pytest.importorskip("torch")

@@ -38,7 +38,8 @@ def small_blocks(monkeypatch):
     """4 threads per block under the simulator (it runs one Python thread per CUDA
     thread); rows wider than the block still stride over threads."""
     if _simulator():
-        monkeypatch.setenv("DYADIC_NUMBA_TPB", "4")
+        from dyadic.backends.cuda.numba import backend as numba_backend
+        monkeypatch.setattr(numba_backend, "THREADS_PER_BLOCK", 4)
 
 
 def cpu():

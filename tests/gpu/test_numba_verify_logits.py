@@ -133,7 +133,16 @@ COMPILED = r'''
 import sys
 import numpy as np
 sys.path.insert(0, REPO)
+import numba
+import numba.cuda
 from numba.core.registry import CPUDispatcher
+_cuda_jit = numba.cuda.jit
+def _jit_on_cpu(*args, **kwargs):
+    """cuda.jit(device=True) -> numba.njit (as tests/gpu/test_numba_compiled_core.py)."""
+    if not args and kwargs == {"device": True}:
+        return numba.njit
+    return _cuda_jit(*args, **kwargs)
+numba.cuda.jit = _jit_on_cpu
 from backends.cuda.numba import logits as L
 from dyadic.reference import target_logits
 
@@ -161,7 +170,7 @@ for trial in range(60):
     st, total, arg = L.processed_row(xf, 0, 0, v, t, np.int64(top_k), np.uint64(pb),
                                      np.uint64(mb), P, KEY, ID, IDX, hist, 0,
                                      np.zeros((1, v), np.float32), False, 0)
-    want = target_logits.processed_row(xf[0, 0].tolist(), t, top_k, pb, mb)
+    want = target_logits.weights_row(xf[0, 0].tolist(), t, top_k, pb, mb)
     got = (st, [int(p) for p in P[0]], int(total), arg)
     if got != want:
         fails += 1
@@ -195,13 +204,14 @@ print("FAILS", fails)
 
 
 def test_compiled_processed_row_equals_reference():
-    """The logits device functions compiled by numba (DYADIC_NUMBA_CORE_NJIT=1: numba's
-    typing, not the simulator's Python) == the reference on adversarial rows."""
+    """The logits device functions compiled by numba (cuda.jit(device=True) standing for
+    numba.njit in a fresh interpreter: numba's typing, not the simulator's Python) ==
+    the reference on adversarial rows."""
     import os
     import subprocess
     import sys
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, DYADIC_NUMBA_CORE_NJIT="1")
+    env = dict(os.environ)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     r = subprocess.run([sys.executable, "-c", f"REPO = {repo!r}\n" + COMPILED], env=env,
                        capture_output=True, text=True, timeout=900)

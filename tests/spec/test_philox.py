@@ -89,3 +89,32 @@ def test_philox_input_validation():
         dyadic.philox4x32([0, 0, 0, 0], [0, 2**32], backend="reference")
     with pytest.raises(ValueError, match="rounds"):
         dyadic.philox4x32([0, 0, 0, 0], [0, 0], rounds=17, backend="reference")
+
+
+def test_uniform_below_63_is_the_first_masked_draw_below_n():
+    keys, low63 = (11, 3, 4), (1 << 63) - 1
+    for pos in range(40):
+        for n in (1 << 62, (1 << 62) + (1 << 52), 3 << 61, 1 << 63):
+            v, nxt = philox.uniform_below_63(n, keys, pos, _spec.DOMAIN_ACCEPTANCE)
+            xs = []
+            for j in range(nxt):
+                w = philox.block(keys, pos, _spec.DOMAIN_ACCEPTANCE, j)
+                xs.append((w[0] | (w[1] << 32)) & low63)
+            assert xs[-1] == v < n and all(x >= n for x in xs[:-1])
+
+
+def test_uniform_below_63_same_value_for_every_n_above_it():
+    """The mask does not depend on n: for n1 < n2, whenever the draw for n2 is below
+    n1 it is also the draw for n1 (what lets a lazy verifier decide without T)."""
+    keys, band = (7, 1, 2), [(1 << 62) - (1 << 52), 1 << 62, (1 << 62) + (1 << 52)]
+    for pos in range(200):
+        vals = [philox.uniform_below_63(n, keys, pos, _spec.DOMAIN_ACCEPTANCE) for n in band]
+        for (v1, i1), (v2, i2), n1 in zip(vals, vals[1:], band):
+            if v2 < n1:
+                assert (v1, i1) == (v2, i2)
+
+
+def test_uniform_below_63_range():
+    for n in (0, (1 << 63) + 1):
+        with pytest.raises(ValueError, match="uniform_below_63"):
+            philox.uniform_below_63(n, (1, 0, 0), 0, _spec.DOMAIN_ACCEPTANCE)

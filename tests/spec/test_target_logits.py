@@ -270,3 +270,22 @@ def test_bad_parameters_fail_closed_rows_alone():
     assert (got.tokens[1:] == -1).all() and (got.accepted[1:] == 0).all()
     alone = _verify_ref(target[:1], draft[:1], dyadic.Keys(seed=0))
     assert alone.tokens[0].tolist() == got.tokens[0].tolist()
+
+
+def test_processed_target_is_the_kept_weights_scaled_into_the_acceptance_band():
+    """P = W * 2**s on the kept tokens with T in [2**62, 2**63]: p(v) is that of the
+    weights, and the acceptance draw uniform_below_63(T) succeeds with probability
+    >= 1/2 per attempt."""
+    rng = np.random.default_rng(17)
+    one = target_logits.param_bits(1.0)
+    for v, top_k, top_p in ((1, 0, 1.0), (3, 1, 1.0), (50, 0, 1e-6), (50, 7, 0.9), (2000, 0, 1.0)):
+        xs = f32(rng.standard_normal(v))
+        pb = target_logits.param_bits(top_p)
+        st, w, tw, arg = target_logits.weights_row(xs, 1.0, top_k, pb, 0)
+        st2, p, t, arg2 = target_logits.processed_row(xs, 1.0, top_k, pb, 0)
+        assert st == st2 == 0 and arg == arg2
+        assert 1 << 62 <= t <= 1 << 63
+        s = (t // tw).bit_length() - 1
+        assert t == tw << s and p == [x << s for x in w]
+    xs = f32(np.zeros(4))
+    assert target_logits.processed_row(xs, 1.0, 0, one, 0)[2] == 1 << 62

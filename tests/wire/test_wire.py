@@ -248,7 +248,7 @@ def test_reply_layout_rules():
 def hello(role, **kw):
     d = dict(role=role, vocab_size=V, dense_width=20, max_slots=4, max_depth=5, max_support=8,
              max_frame_bytes=1 << 20, q_semantic_id="dyadic24-standard-v1",
-             verifier_id="leviathan-standard-v1", rng_abi="philox4x32-10-dyadic-v1",
+             verifier_id="leviathan-standard-v2", rng_abi="philox4x32-10-dyadic-v1",
              id_map_hash=b"\x11" * 32, draft_identity="draft-toy", target_identity="tgt-toy")
     d.update(kw)
     return w.Hello(**d)

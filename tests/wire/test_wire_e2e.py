@@ -53,7 +53,7 @@ def draft_logits(prefix):
 def hello(role):
     return w.Hello(role=role, vocab_size=V, dense_width=0, max_slots=4, max_depth=8,
                    max_support=32, max_frame_bytes=1 << 16, q_semantic_id="dyadic24-standard-v1",
-                   verifier_id="leviathan-standard-v1", rng_abi="philox4x32-10-dyadic-v1",
+                   verifier_id="leviathan-standard-v2", rng_abi="philox4x32-10-dyadic-v1",
                    id_map_hash=b"\x42" * 32, draft_identity="toy-draft", target_identity="toy-tgt")
 
 

@@ -119,7 +119,7 @@ def test_refused_frames_leave_nothing_behind():
 def _big_hello(role):
     return w.Hello(role=role, vocab_size=BIG_V, dense_width=0, max_slots=4, max_depth=4,
                    max_support=1 << 15, max_frame_bytes=1 << 23,
-                   q_semantic_id="dyadic24-standard-v1", verifier_id="leviathan-standard-v1",
+                   q_semantic_id="dyadic24-standard-v1", verifier_id="leviathan-standard-v2",
                    rng_abi="philox4x32-10-dyadic-v1", id_map_hash=b"\x01" * 32,
                    draft_identity="d", target_identity="t")
 
@@ -167,7 +167,7 @@ def test_layout_cache_is_bounded():
 def hello_kw(**kw):
     d = dict(role=w.ROLE_DRAFTER, vocab_size=V, dense_width=20, max_slots=4, max_depth=5,
              max_support=8, max_frame_bytes=1 << 20, q_semantic_id="dyadic24-standard-v1",
-             verifier_id="leviathan-standard-v1", rng_abi="philox4x32-10-dyadic-v1",
+             verifier_id="leviathan-standard-v2", rng_abi="philox4x32-10-dyadic-v1",
              id_map_hash=b"\x11" * 32, draft_identity="draft-toy", target_identity="tgt-toy")
     d.update(kw)
     return d

@@ -10,8 +10,8 @@
  * select, compaction, scans, the weighted first-exceeding search).  The only
  * floating-point operations are those of dyadic/reference/fixedpoint.py.
  */
-#ifndef DYADIC_CUDA_CUH
-#define DYADIC_CUDA_CUH
+#ifndef DYADIC_KERNELS_COMMON_CUH
+#define DYADIC_KERNELS_COMMON_CUH
 
 #include "dyadic_core.h"
 

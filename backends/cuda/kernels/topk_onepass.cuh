@@ -30,8 +30,8 @@
  * The tail (weights, floor, largest remainders or floor-first, compaction
  * in id order, the draw) is the same integer arithmetic as topk_select, one
  * support entry per lane of warp 0. */
-#ifndef DYADIC_PROPOSE_FAST_CUH
-#define DYADIC_PROPOSE_FAST_CUH
+#ifndef DYADIC_KERNELS_TOPK_ONEPASS_CUH
+#define DYADIC_KERNELS_TOPK_ONEPASS_CUH
 
 #define PK_NT 512
 #define PK_SMAX 1024

@@ -50,8 +50,8 @@
  * On the H200 the ranked runs and the merge tree are faster at every batch than
  * unranked survivors in the slots with pk2_last's select over all of them, and
  * topk_onepass_packed* is faster than topk_onepass_wide and, at B = 1, topk_onepass (docs/performance.md). */
-#ifndef DYADIC_PROPOSE_PACKED_CUH
-#define DYADIC_PROPOSE_PACKED_CUH
+#ifndef DYADIC_KERNELS_TOPK_ONEPASS_PACKED_CUH
+#define DYADIC_KERNELS_TOPK_ONEPASS_PACKED_CUH
 
 
 DC_FN u32 pp_max2(u32 a, u32 b) { u32 r; asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }

@@ -27,8 +27,8 @@
  * PK_CAP; the element map only says which register holds which id), and the
  * merge / tail are pk2_last's, so the output equals topk_select's bit for bit.
  * Wider tiles and a running bound over sub-tiles were slower on the H200. */
-#ifndef DYADIC_PROPOSE_WIDE_CUH
-#define DYADIC_PROPOSE_WIDE_CUH
+#ifndef DYADIC_KERNELS_TOPK_ONEPASS_WIDE_CUH
+#define DYADIC_KERNELS_TOPK_ONEPASS_WIDE_CUH
 
 #define PW_EPT 16  /* ids per thread: 2 groups of 8 consecutive ids */
 

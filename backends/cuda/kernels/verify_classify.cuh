@@ -9,23 +9,20 @@
  * [LZ_TLO, LZ_THI] = [2^62 - 2^52, 2^62 + 2^52] (dy_target_row_total:
  * |T - 2^62| <= 2^62 >> DY_TARGET_TOL_BITS).  dy_accept(P, T, c) depends on
  * T in two ways: "always" iff T <= A = floor(P 2^24 / c), and the bounded draw
- * V1 = uniform_below(T) (masked rejection with L = bitlen(T - 1) bits: L = 62
- * for T <= 2^62, L = 63 above).  (a, b) = divmod(P 2^24, c) do not depend on
- * T.  lz_classify evaluates the decision for EVERY T of the band at once:
+ * V1 = dy_uniform_below_63(T) (the low 63 bits X_j of draw j, the first X_j < T).
+ * (a, b) = divmod(P 2^24, c) do not depend on T.  lz_classify evaluates the
+ * decision for EVERY T of the band at once:
  *   - always at T = THI -> accepted for every valid T;
- *   - always at T = TLO (A = floor(P 2^24 / c) in [TLO, THI)): accepted on
- *     [TLO, A]; the band below is then evaluated on [A + 1, THI] only;
- *   - for each sub-band of constant L ([lo, 2^62], L = 62 and
- *     [max(lo, 2^62 + 1), THI], L = 63) the rejection loop is run on the masked draws
- *     X_j: X_j < lo: V1 = X_j for every T of the sub-band (then the test
- *     V1 < a, or V1 == a and V2 < b, V2 = uniform_below(c) from the next
- *     index, is the same for all); X_j >= hi: rejected for every T, next j;
- *     lo <= X_j < hi: ambiguous.  The sub-band decisions must agree.
- * NOT monotone in T: with bit 62 of the first draw set the two sub-bands use
- * different draws, so a test is ambiguous with probability ~ alpha (1 - alpha)
- * + 2^-9 (alpha: acceptance probability), not only 2^-9.  Hence every
- * ambiguous row that the chain may reach is summed in parallel (no serial
- * slow path).
+ *   - always at T = TLO (A in [TLO, THI)): accepted on [TLO, A]; the draw
+ *     decides on [A + 1, THI] only;
+ *   - on [lo, THI] the rejection loop runs on the draws X_j (the mask is the
+ *     same for every T): X_j < lo: V1 = X_j for every T (then the test V1 < a,
+ *     or V1 == a and V2 < b, V2 = uniform_below(c) from the next index, is the
+ *     same for all); X_j >= THI: rejected for every T, next j; lo <= X_j < THI:
+ *     ambiguous.
+ * A test is ambiguous with probability about 2^-9 (a draw in the band, or A in
+ * it), so a row is summed in full only where the chain needs it: the rejected
+ * row, the bonus row, and the rare ambiguous rows (summed in parallel).
  *
  * lz_tests (every block of a request, in verify_lazy and verify_one_launch)
  * classifies the k tests of its request (warp w: tests w, w + 8, ...; P(d_i)
@@ -53,7 +50,7 @@
 #define LZ_BAD 3
 #define LZ_MAXK 64
 
-/* The decision of dy_accept for every T in [lo, hi] with mask bits L fixed
+/* The decision of dy_accept for every T in [lo, hi] (the draws masked to L bits)
  * (n = P 2^24 < T c for every such T; a, b = divmod(n, c)). */
 DC_FN int lz_band(u64 lo, u64 hi, int bits, u64 a, u32 b, u32 c, const DcKey& key, u32 pos) {
   const u64 mask = bits >= 64 ? ~0ull : ((1ull << bits) - 1ull);
@@ -92,19 +89,9 @@ DC_FN int lz_classify(u64 P, u32 c, const DcKey& key, u32 pos) {
     lo = a + 1;
     dec = LZ_ACC;
   }
-  /* bitlen(T - 1) = 62 on [TLO, 2^62], 63 on [2^62 + 1, THI] */
-  if (lo <= LZ_ONE) {
-    const int d1 = lz_band(lo, LZ_ONE, 62, a, b, c, key, pos);
-    if (d1 == LZ_AMB || (dec >= 0 && d1 != dec)) return LZ_AMB;
-    dec = d1;
-  }
-  const u64 lo2 = lo > LZ_ONE + 1 ? lo : LZ_ONE + 1;
-  if (lo2 <= LZ_THI) {
-    const int d2 = lz_band(lo2, LZ_THI, 63, a, b, c, key, pos);
-    if (d2 == LZ_AMB || (dec >= 0 && d2 != dec)) return LZ_AMB;
-    dec = d2;
-  }
-  return dec;
+  const int d = lz_band(lo, LZ_THI, 63, a, b, c, key, pos);
+  if (d == LZ_AMB || (dec >= 0 && d != dec)) return LZ_AMB;
+  return d;
 }
 
 #ifndef LZ_CLASSIFY_ONLY /* (host checks of lz_classify define it) */

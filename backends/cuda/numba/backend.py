@@ -5,9 +5,9 @@ Inputs and outputs are NumPy arrays (copied to the device and back) or device
 arrays (anything with ``__cuda_array_interface__``: used in place).  Key fields
 are arrays of length B or 1 (length 1 broadcasts: dyadic/_device.py passes
 length-1 device keys as they are), of 4- or 8-byte integers, signed or not;
-the kernels read them through core.key_words.  One block
-per row; block size 256 on a GPU, 32 under the simulator (override with
-DYADIC_NUMBA_TPB, a power of two <= 256).  Rows are on the grid's x dimension:
+the kernels read them through core.key_words.  Block size
+THREADS_PER_BLOCK (None: 256 on a GPU, 32 under the simulator; tests set a
+power of two <= 256).  Rows are on the grid's x dimension:
 min(B, MAX_BLOCKS) blocks, each walking rows with a stride of the grid (results
 do not depend on the block count), so any batch size that fits in memory runs,
 and the kernels' scratch has one row per block.  Correctness, not speed, is this backend's job: see
@@ -17,8 +17,6 @@ The shapes of the arrays are checked here (ValueError on a mismatch: no data is
 read, nothing synchronises); every id in the data (draft ids, sparse q ids) is
 checked by the kernels themselves, which fail that row closed with a status.
 """
-
-import os
 
 import numpy as np
 
@@ -42,15 +40,18 @@ def _as_device(a):
     return a if as_cuda_array is None else as_cuda_array(a)
 
 
+#: Threads per block: None picks 256 on a GPU and 32 under the simulator (which
+#: runs one Python thread per CUDA thread); tests set a smaller power of two.
+THREADS_PER_BLOCK = None
+
+
 def _tpb():
-    env = os.environ.get("DYADIC_NUMBA_TPB")
-    if env:
-        t = int(env)
-        if t < 1 or t > core.MAX_TPB or t & (t - 1):
-            raise ValueError(f"DYADIC_NUMBA_TPB: expected a power of two <= "
-                             f"{core.MAX_TPB}, got {env!r}")
-        return t
-    return 32 if _simulator() else 256
+    t = THREADS_PER_BLOCK
+    if t is None:
+        return 32 if _simulator() else 256
+    if not 1 <= t <= core.MAX_TPB or t & (t - 1):
+        raise ValueError(f"THREADS_PER_BLOCK: expected a power of two <= {core.MAX_TPB}, got {t!r}")
+    return t
 
 
 MAX_BLOCKS = 1024  # enough blocks of 256 threads to fill an H200

@@ -15,15 +15,13 @@ and ``cuda.syncthreads`` only: no warp intrinsics, so the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) runs exactly the code the GPU runs.  Every
 helper must be called by all threads of the block (uniform control flow).
 
-Test-only switch: ``DYADIC_NUMBA_CORE_NJIT=1`` (read at import, default off)
-compiles the pure-arithmetic functions (``@device``) with ``numba.njit`` on the
-CPU instead of ``cuda.jit(device=True)``: same numba typing as the GPU, so
-compiled-only rounding shows without a GPU (tests/gpu/test_numba_compiled_core.py).
-Only the decorator changes; the kernels and block helpers cannot run under it.
+The pure-arithmetic functions are decorated ``@device`` (``cuda.jit(device=True)``,
+looked up at import): tests/gpu/test_numba_compiled_core.py imports this module
+in a fresh interpreter with ``numba.cuda.jit(device=True)`` standing for
+``numba.njit``, so compiled-only typing hazards show without a GPU.
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -42,6 +40,7 @@ U255 = U(255)
 M32 = U(0xFFFFFFFF)
 M64 = U(0xFFFFFFFFFFFFFFFF)
 TOP_BIT = U(1 << 63)
+LOW63 = U((1 << 63) - 1)
 TOTAL = U(_spec.TOTAL)
 TARGET_ONE = U(1 << _spec.TARGET_BITS)
 TARGET_TOL = U((1 << _spec.TARGET_BITS) >> _spec.TARGET_TOL_BITS)
@@ -63,20 +62,12 @@ PH_W0, PH_W1 = U(0x9E3779B9), U(0xBB67AE85)
 DOMAIN_SHIFT = U(_spec.DOMAIN_SHIFT)
 MAX_DRAW_INDEX = _spec.MAX_DRAW_INDEX
 
-#: Test-only switch (read once, at import): DYADIC_NUMBA_CORE_NJIT=1 compiles the
-#: pure-arithmetic device functions (those decorated ``@device``) with numba's CPU
-#: ``numba.njit`` instead of ``cuda.jit(device=True)``.  Both targets share numba's
-#: typing rules (unlike the simulator, which runs them as Python on NumPy
-#: scalars), so a typing hazard that only shows on a GPU (a signed/unsigned mix
-#: promoted to float64, float(float32) typed as float32) shows on the CPU too;
-#: tests/gpu/test_numba_compiled_core.py uses it.  The kernels cannot run under it.
-CORE_NJIT = os.environ.get("DYADIC_NUMBA_CORE_NJIT", "") == "1"
-if CORE_NJIT:
-    import numba
-
-    device = numba.njit
-else:
-    device = cuda.jit(device=True)
+#: The decorator of the pure-arithmetic device functions.  Only these may use it:
+#: tests/gpu/test_numba_compiled_core.py compiles them with ``numba.njit`` on the
+#: CPU (same typing rules as ``cuda.jit``, unlike the simulator, which runs them as
+#: Python on NumPy scalars) by importing this module with ``cuda.jit(device=True)``
+#: returning ``numba.njit``.
+device = cuda.jit(device=True)
 
 MAX_TPB = 256  # shared arrays are sized for this; blocks are a power of two <= MAX_TPB
 
@@ -237,22 +228,37 @@ def uniform_below(nh, nl, seed, gen, rnd, pos, domain, start):
 
 
 @device
+def uniform_below_63(n, seed, gen, rnd, pos, domain, start):
+    """Uniform in [0, n), 1 <= n <= 2**63, with the fixed mask 2**63 - 1
+    (philox.uniform_below_63): (value, next_index, ok)."""
+    index = start
+    while index <= MAX_DRAW_INDEX:
+        w0, w1, w2, w3 = draw_block(seed, gen, rnd, pos, domain, index)
+        x = (w0 | (w1 << U32)) & LOW63
+        index += 1
+        if x < n:
+            return x, index, True
+    return U0, index, False
+
+
+@device
 def accept_decision(pd, total, c, seed, gen, rnd, pos, domain):
     """(ok, rng_ok) of one draft token (reference sampling.accept): accept with
     probability min(1, P_d 2**24 / (T c)), exactly.  N = P_d * 2**24 (128-bit);
     N >= T c always accepts, else N = a c + b and the test is
-    ``V1 < a or (V1 == a and V2 < b)`` with V1 uniform on [0, T), V2 on [0, c)."""
+    ``V1 < a or (V1 == a and V2 < b)`` with V1 uniform on [0, T) (uniform_below_63),
+    V2 on [0, c)."""
     nh = pd >> U40
     nl = pd << U24
     mh, ml = mul64(total, c)
     if not lt128(nh, nl, mh, ml):
         return True, True
     ah, al, rb = divmod128_small(nh, nl, c)
-    vh, vl, nxt, good = uniform_below(U0, total, seed, gen, rnd, pos, domain, 0)
+    vl, nxt, good = uniform_below_63(total, seed, gen, rnd, pos, domain, 0)
     if not good:
         return False, False
-    if vh != ah or vl != al:
-        return lt128(vh, vl, ah, al), True
+    if ah != U0 or vl != al:
+        return lt128(U0, vl, ah, al), True
     _, wl, _, good = uniform_below(U0, c, seed, gen, rnd, pos, domain, nxt)
     if not good:
         return False, False

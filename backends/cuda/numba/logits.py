@@ -156,9 +156,9 @@ def z_of(xf, bias, has_bias, brow, b, i, v, t):
 @device
 def processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s,
                   bias, has_bias, brow):
-    """(status, T, argmax) of row (b, i) at temperature t > 0; P[s, :n] receives
-    the processed target (target_logits.processed_row; z with the bias row ``brow``
-    of ``bias`` when ``has_bias``: allocate / propose)."""
+    """(status, sum W, argmax) of row (b, i) at temperature t > 0; P[s, :n] receives
+    the kept weights (target_logits.weights_row; z with the bias row ``brow`` of
+    ``bias`` when ``has_bias``: allocate / propose)."""
     zmax = -math.inf
     arg = -1
     for v in range(n):
@@ -230,13 +230,31 @@ def processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s,
 
 
 @device
+def bitlen(x):
+    n = 0
+    while x > U0:
+        x = x >> U1
+        n += 1
+    return n
+
+
+@device
 def target_of(xf, b, i, n, g, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s):
-    """(status, T, argmax) of row (b, i): greedy rows by logits_argmax (T = 1)."""
+    """(status, T, argmax) of row (b, i): greedy rows by logits_argmax (T = 1); else
+    the kept weights scaled into [2**62, 2**63] (target_logits.processed_row)."""
     if g:
         st, arg = logits_argmax(xf, b, i, n)
         return st, U1, arg
-    return processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s,
-                         xf, False, 0)
+    st, total, arg = processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist,
+                                   s, xf, False, 0)
+    if st != 0:
+        return st, total, arg
+    sh = 62 - (bitlen(total) - 1)
+    if sh > 0:
+        for v in range(n):
+            P[s, v] = P[s, v] << U(sh)
+        total = total << U(sh)
+    return st, total, arg
 
 
 @device
