@@ -193,8 +193,8 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
 def _filtered(top_k, top_p, min_p):
     """Whether an allocate / propose call takes the filtered route (top_p, min_p or a
     per-row top_k array given)."""
-    return top_p is not None or min_p is not None or not (
-        top_k is None or isinstance(top_k, (int, np.integer)))
+    return (top_p is not None or min_p is not None
+            or isinstance(top_k, (np.ndarray, list, tuple)) or _arrays.is_torch(top_k))
 
 
 def _filter_params(be, top_k, top_p, min_p, batch, v, check):

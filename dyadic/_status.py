@@ -36,7 +36,9 @@ _MESSAGES = {
     ALLOC_INCONSISTENT: ("x", "integer allocation is inconsistent (remaining tickets out of "
                               "range or counts do not sum to 2**24); refusing"),
     TARGET_INVALID_VALUE: ("target", "probabilities must be finite, >= 0 and <= 1 "
-                                     "(NaN, inf, a negative value or a value > 1 was found)"),
+                                     "(NaN, inf, a negative value or a value > 1 was found); "
+                                     "logits (logits=True) must not be NaN or +inf after "
+                                     "/ temperature"),
     TARGET_SUM: ("target", "probabilities must sum to 1 within 2**-10 (checked exactly "
                            "on floor(p * 2**62))"),
     Q_ZERO_AT_DRAFT: ("q", "q(d) = 0 at a proposed draft token d: the draft could not "

@@ -164,8 +164,8 @@ for trial in range(60):
     mb = target_logits.param_bits(float(rng.choice([0.0, 0.05, 0.5, 1.0])))
     P = np.zeros((1, v), np.uint64)
     KEY = np.zeros((1, v), np.uint64)
-    ID = np.zeros((1, v), np.int64)
-    IDX = np.zeros((1, v), np.int64)
+    ID = np.zeros((1, v), np.int32)
+    IDX = np.zeros((1, v), np.int32)
     hist = np.zeros(256, np.uint64)
     st, total, arg = L.processed_row(xf, 0, 0, v, t, np.int64(top_k), np.uint64(pb),
                                      np.uint64(mb), P, KEY, ID, IDX, hist, 0,

@@ -269,7 +269,7 @@ class NumbaBackend(Backend):
         d_acc, d_tok, d_st = outs(accepted), outs(tokens), outs(status)
         slots = max(1, min(bsz, L.MAX_SLOTS))
         scratch = [cuda.device_array((slots, v), dtype=dt)
-                   for dt in (np.uint64, np.uint64, np.int64, np.int64)]
+                   for dt in (np.uint64, np.uint64, np.int32, np.int32)]
         tpb = 32
         L.verify_logits_kernel[(slots + tpb - 1) // tpb, tpb](
             _in(target), _in(draft), d_qc, d_qi, qmode, _in(greedy), _in(temperature),
@@ -307,7 +307,7 @@ class NumbaBackend(Backend):
             keys = self._keys(*keys)
         slots = max(1, min(bsz, L.MAX_SLOTS))
         scratch = [cuda.device_array((slots, v), dtype=dt)
-                   for dt in (np.uint64, np.uint64, np.int64, np.int64)]
+                   for dt in (np.uint64, np.uint64, np.int32, np.int32)]
         tpb = 32
         L.alloc_filtered_kernel[(slots + tpb - 1) // tpb, tpb](
             d_x, d_bias, int(bias is not None), _in(temperature), _in(top_k),

@@ -52,7 +52,7 @@ Q_INVALID = _status.Q_INVALID
 Q_ZERO_AT_DRAFT = _status.Q_ZERO_AT_DRAFT
 RNG_EXHAUSTED = _status.RNG_EXHAUSTED
 ALLOC_INCONSISTENT = _status.ALLOC_INCONSISTENT
-MAX_SLOTS = 256  # threads (and scratch rows) of one launch at most
+MAX_SLOTS = 64  # threads (and scratch rows of 3 x 8 + 2 x 4 bytes per token) of one launch
 
 
 @device
