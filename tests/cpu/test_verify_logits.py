@@ -285,3 +285,35 @@ def test_wide_vocabulary_and_large_total():
     assert (got.status == 0).all()
     assert got.tokens[1, 0] % 2 == 1
     assert got.tokens[2, 0] < 700
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@given(st.integers(1, 5), st.integers(0, 3), st.integers(1, 24), st.integers(0, 2**32 - 1),
+       st.sampled_from(["dense", "sparse", "point"]))
+def test_random_requests_cpu_equals_reference(b, k, v, seed, qkind):
+    rng = np.random.default_rng(seed)
+    target = logits_rows(rng, b * (k + 1), v).reshape(b, k + 1, v)
+    rng.shuffle(target.reshape(-1, v))
+    q, draft = q_and_draft(rng, b, k, v, qkind)
+    greedy = rng.random(b) < 0.2
+    both(target, draft, q, keys_for(rng, b), greedy=greedy, **params_for(rng, b, v))
+
+
+def test_torch_parameters():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    b, k, v = 5, 1, 12
+    target = logits_rows(rng, b * (k + 1), v).reshape(b, k + 1, v)
+    draft = rng.integers(0, v, size=(b, k)).astype(np.int32)
+    keys = keys_for(rng, b)
+    p = params_for(rng, b, v)
+    tp = dict(temperature=torch.tensor(p["temperature"], dtype=torch.float32),
+              top_k=torch.tensor(p["top_k"]), top_p=torch.tensor(p["top_p"]).to(torch.bfloat16),
+              min_p=torch.tensor(p["min_p"], dtype=torch.float16))
+    got = both(torch.from_numpy(target), torch.from_numpy(draft), None, keys, **tp)
+    want = both(target, draft, None, keys,
+                temperature=tp["temperature"].double().numpy(), top_k=p["top_k"],
+                top_p=tp["top_p"].float().numpy(), min_p=tp["min_p"].float().numpy())
+    np.testing.assert_array_equal(np.asarray(got.tokens), want.tokens)
