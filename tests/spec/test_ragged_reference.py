@@ -31,9 +31,11 @@ def _hostile(target, draft, q_rows, n, v):
     k = len(draft)
     target = [row if i <= n else [NAN_BITS] * v for i, row in enumerate(target)]
     draft = [d if i < n else (v + 7 if i % 2 else -3) for i, d in enumerate(draft)]
-    if q_rows is not None:
+    if q_rows is not None and isinstance(q_rows[0], tuple):
         w = len(q_rows[0][0])
         q_rows = [q if i < n else ([v + 1] * w, [TOTAL + 5] * w) for i, q in enumerate(q_rows)]
+    elif q_rows is not None:
+        q_rows = [q if i < n else [TOTAL + 5] * v for i, q in enumerate(q_rows)]
     return target, draft, q_rows
 
 
@@ -59,8 +61,7 @@ def test_ragged_row_is_the_row_cut_to_its_depth(greedy, qkind, rng):
             alone = sampling.verify_row(target[:n + 1], draft[:n],
                                         None if q_rows is None else q_rows[:n], keys, 50,
                                         greedy)
-            t2, d2, q2 = (target, draft, q_rows) if qkind == "dense" else _hostile(
-                target, draft, q_rows, n, v)
+            t2, d2, q2 = _hostile(target, draft, q_rows, n, v)
             st, acc, toks = sampling.verify_row_ragged(t2, d2, q2, keys, 50, greedy, n)
             assert st == alone[0] == 0
             assert acc == alone[1] <= n
