@@ -19,7 +19,7 @@ Routes (kernel names of backends/cuda/kernels/):
 - verify (check=False / True) without greedy requests: ``verify_one_launch`` where
   its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
   greedy requests, or num_drafts, always the two launches.
-- verify, check="lazy", without greedy requests: ``verify_lazy`` (``verify_lazy_r64``
+- verify, check="lazy", without greedy requests or num_drafts: ``verify_lazy`` (``verify_lazy_r64``
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
 """
@@ -210,7 +210,7 @@ def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for
-    allocate / propose; k1, greedy, lazy for verify."""
+    allocate / propose; k1, greedy, lazy, ragged (num_drafts given) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
