@@ -27,7 +27,10 @@ request: the target rows, then the draft ids (an id outside [0, V):
 DRAFT_OUT_OF_RANGE, greedy requests too; check=True raises the CPU path's
 "token ids must be in [0, V)" first), then, for non-greedy requests, the q rows
 (a sparse row breaking a Dyadic rule, a dense count above 2**24 at the draft:
-Q_INVALID), then q(d) > 0 (Q_ZERO_AT_DRAFT).  Any batch size runs (rows beyond
+Q_INVALID), then q(d) > 0 (Q_ZERO_AT_DRAFT); with ``num_drafts`` first the request's
+count in [0, k] (NUM_DRAFTS_INVALID), then the rules on its rows 0..n_b only.  A device
+``num_drafts`` goes to the kernels as it is (int32) or converted on the device, never
+read on the host with check=False / "lazy".  Any batch size runs (rows beyond
 the grid's 65535 y blocks go to its z dimension).
 
 ``check="lazy"`` (verify only): like ``check=False``, but a request's target
