@@ -243,7 +243,7 @@ class TwoLaunchVerify:
     the chain) then verify_residual (the residual or bonus draw over many blocks).  With
     num_drafts (``nd``) a request's rows beyond its count are skipped."""
 
-    def __init__(self, batch, k1, v, w, nsm, greedy, ragged=False):
+    def __init__(self, batch, k1, v, w, nsm, greedy):
         rows, k = batch * k1, k1 - 1
         vt, rt = routes.chain_tiles(v, batch, k1, nsm)
         nt1, nrt = -(-v // vt), -(-v // rt)
