@@ -12,8 +12,8 @@ memory, and a row that breaks a rule fails closed (outputs -1), in the order of
 the q rows (Q_INVALID: a sparse row breaking a Dyadic rule, a dense count above
 2**24 at a draft), q_i(d_i) > 0 (Q_ZERO_AT_DRAFT), and a dense row that the
 residual reads in full must sum to 2**24 (Q_INVALID); with num_drafts, first the
-request's count in [0, k] (NUM_DRAFTS_INVALID), then those rules on its rows only.  ``draw_kernel`` gives -1
-for a sparse row that is not a Dyadic row over [0, 2**24).  A failed allocate /
+request's count in [0, k] (NUM_DRAFTS_INVALID), then those rules on its rows only.
+``draw_kernel`` gives -1 for a sparse row that is not a Dyadic row over [0, 2**24).  A failed allocate /
 propose row gets counts 0, ids PAD_ID and token -1 besides its status.
 
 ``alloc_kernel`` does allocate and propose: validation and the row maximum
