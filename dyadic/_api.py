@@ -272,7 +272,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     return tokens_r, _dyadic(counts_r, ids_r, batch_shape, v, policy, out)
 
 
-def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None):
+def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None,
+           num_drafts=None):
     """Standard speculative verification of a fixed-depth draft chain.
 
     Leviathan et al. 2023, algorithm 1, in exact integers: draft d_i is
@@ -309,6 +310,21 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     out : dict, optional
         Preallocated ``accepted`` int32 [B], ``tokens`` int32 [B, k+1],
         ``status`` int32 [B], written and returned.
+    num_drafts : integer array [B], optional
+        Ragged draft lengths: request b verifies only ``draft[b, :n_b]``,
+        ``0 <= n_b <= k`` (NumPy or torch CPU; on the GPU path a device
+        tensor, read by the kernels without a copy or a synchronisation
+        when ``check`` is False or "lazy").  Target rows ``0..n_b`` are used
+        (row n_b gives the bonus); target rows beyond, q rows and draft
+        entries from n_b on are padding: never read nor validated (they may
+        hold anything).  ``n_b = 0`` draws the bonus from target row 0 at
+        ``keys.position``.  A request gives the tokens, accepted count and
+        status of the same request verified alone with k = n_b (bit for
+        bit), its tokens padded with -1 to k+1.  ``check=True`` raises
+        ValueError for a count outside [0, k]; with ``check=False`` /
+        "lazy" such a request fails closed with status NUM_DRAFTS_INVALID.
+        None: every request has k drafts.  ``dyadic.ragged`` maps vLLM-style
+        flat arrays to and from this padded layout.
 
     Returns
     -------
@@ -319,10 +335,16 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         check = _validate.check_mode(check, lazy=True)
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
         return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
-                             check=check, out=out)
+                             check=check, out=out, num_drafts=num_drafts)
     be = _backend.get(backend)
     kind = _arrays.kind_of(target)
-    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, greedy, check=check is True)
+    t, d, g, batch, k, v = _validate.verify_inputs(
+        target, draft, greedy, check=check is True and num_drafts is None)
+    nd = None
+    if num_drafts is not None:  # ragged: only draft[b, :n_b] is verified (and checked)
+        nd = _validate.num_drafts(num_drafts, batch, k, check=check is True)
+        if check is True:
+            _validate.ragged_drafts(nd, d, v)
     verify_q(q, batch, k, v)
     keys_b = _keys_for(keys, batch, extra=k)
     qc = qi = None
@@ -335,7 +357,7 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         ("status", (batch,), np.int32)), kind)
     status[...] = 0
     if batch:
-        be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
+        be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status, num_drafts=nd)
     if status.any():
         if check is True:
             _status.raise_for_status(status)

@@ -19,6 +19,7 @@ TARGET_SUM = 11
 Q_ZERO_AT_DRAFT = 12
 DRAFT_OUT_OF_RANGE = 13
 Q_INVALID = 14
+NUM_DRAFTS_INVALID = 15
 # RNG
 RNG_EXHAUSTED = 20
 
@@ -39,6 +40,8 @@ _MESSAGES = {
     Q_INVALID: ("q", "the q row breaks a Dyadic rule (an id outside [0, V) or -1, valid ids "
                      "not strictly ascending, padding before a valid id or with a count, "
                      "a count above 2**24, or counts not summing to 2**24)"),
+    NUM_DRAFTS_INVALID: ("num_drafts", "the request's draft count n must satisfy 0 <= n <= k "
+                                       "(k: the draft array's width)"),
     RNG_EXHAUSTED: ("keys", "bounded draw exhausted 2**28 draw indices (probability "
                             "< 2**-(2**28)); the key fields are reused or corrupted"),
 }

@@ -31,6 +31,6 @@ class CpuBackend(Backend):
         _kernels.draw(counts, ids, seed, generation, round, position, tokens)
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         _kernels.verify(target, draft, q_counts, q_ids, greedy, seed, generation, round,
-                        position, accepted, tokens, status)
+                        position, accepted, tokens, status, num_drafts)

@@ -32,3 +32,9 @@ cdef extern from "dyadic_core.h" nogil:
                            const int32_t *q_ids, uint32_t width, uint32_t k, uint32_t vocab,
                            int greedy, uint64_t seed, uint32_t generation, uint32_t round,
                            uint32_t position, uint64_t *ws, int32_t *accepted, int32_t *tokens)
+    int dy_verify_row_ragged_host(const uint32_t *target, const int32_t *draft,
+                                  const uint32_t *q_counts, const int32_t *q_ids, uint32_t width,
+                                  uint32_t k, int32_t n, uint32_t vocab, int greedy,
+                                  uint64_t seed, uint32_t generation, uint32_t round,
+                                  uint32_t position, uint64_t *ws, int32_t *accepted,
+                                  int32_t *tokens)

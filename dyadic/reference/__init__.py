@@ -42,7 +42,10 @@ def philox4x32(counter, key, rounds=10):
 
 first_token_distribution = distribution.first_token_distribution
 target_distribution = distribution.target_distribution
+bonus_distribution = distribution.bonus_distribution
+ragged_first_token_distribution = distribution.ragged_first_token_distribution
 
 __all__ = ["allocate", "draw", "propose", "verify", "philox4x32", "first_token_distribution",
-           "target_distribution", "allocation", "distribution", "fixedpoint", "philox",
+           "target_distribution", "bonus_distribution", "ragged_first_token_distribution",
+           "allocation", "distribution", "fixedpoint", "philox",
            "sampling"]

@@ -155,7 +155,7 @@ class ReferenceBackend(Backend):
                                                      int(position[b]))
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         if target.ndim != 3 or target.shape[1] < 1:
             raise ValueError(f"target: shape {tuple(target.shape)} must be [B, k+1, V] "
                              f"with k+1 >= 1")
@@ -179,6 +179,8 @@ class ReferenceBackend(Backend):
         _shape("accepted", accepted, (bsz,))
         _shape("tokens", tokens, (bsz, k1))
         _shape("status", status, (bsz,))
+        if num_drafts is not None:
+            _shape("num_drafts", num_drafts, (bsz,))
         bits = target.view(np.uint32)
         for b in range(bsz):
             q_rows = None
@@ -190,9 +192,12 @@ class ReferenceBackend(Backend):
                     else:
                         q_rows.append((q_ids[b, i].tolist(), q_counts[b, i].tolist()))
             try:
-                st, acc, toks = sampling.verify_row(
-                    [bits[b, i].tolist() for i in range(k1)], draft[b].tolist(), q_rows,
-                    _keys(seed, generation, round, b), int(position[b]), bool(greedy[b]))
+                args = ([bits[b, i].tolist() for i in range(k1)], draft[b].tolist(), q_rows,
+                        _keys(seed, generation, round, b), int(position[b]), bool(greedy[b]))
+                if num_drafts is None:
+                    st, acc, toks = sampling.verify_row(*args)
+                else:
+                    st, acc, toks = sampling.verify_row_ragged(*args, int(num_drafts[b]))
             except RuntimeError:
                 st, acc, toks = _status.RNG_EXHAUSTED, 0, None
             status[b] = st
