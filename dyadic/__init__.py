@@ -10,9 +10,9 @@ the same bits.  See docs/semantics.md for the contract.
 from ._spec import TOTAL
 from ._types import Dyadic, Keys, Verdict, stack
 from ._api import allocate, available_backends, draw, philox4x32, propose, verify
-from . import reference
+from . import ragged, reference
 
 __version__ = "0.1.0"
 
 __all__ = ["TOTAL", "Dyadic", "Keys", "Verdict", "allocate", "available_backends", "draw",
-           "philox4x32", "propose", "verify", "reference", "stack", "__version__"]
+           "philox4x32", "propose", "ragged", "verify", "reference", "stack", "__version__"]

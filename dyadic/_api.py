@@ -327,7 +327,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
 
 
 def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, out=None,
-           logits=False, temperature=1.0, top_k=None, top_p=None, min_p=None):
+           num_drafts=None, logits=False, temperature=1.0, top_k=None, top_p=None,
+           min_p=None):
     """Standard speculative verification of a fixed-depth draft chain.
 
     Leviathan et al. 2023, algorithm 1, in exact integers: draft d_i is
@@ -367,6 +368,21 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
     out : dict, optional
         Preallocated ``accepted`` int32 [B], ``tokens`` int32 [B, k+1],
         ``status`` int32 [B], written and returned.
+    num_drafts : integer array [B], optional
+        Ragged draft lengths: request b verifies only ``draft[b, :n_b]``,
+        ``0 <= n_b <= k`` (NumPy or torch CPU; on the GPU path a device
+        tensor, read by the kernels without a copy or a synchronisation
+        when ``check`` is False or "lazy").  Target rows ``0..n_b`` are used
+        (row n_b gives the bonus); target rows beyond, q rows and draft
+        entries from n_b on are padding: never read nor validated (they may
+        hold anything).  ``n_b = 0`` draws the bonus from target row 0 at
+        ``keys.position``.  A request gives the tokens, accepted count and
+        status of the same request verified alone with k = n_b (bit for
+        bit), its tokens padded with -1 to k+1.  ``check=True`` raises
+        ValueError for a count outside [0, k]; with ``check=False`` /
+        "lazy" such a request fails closed with status NUM_DRAFTS_INVALID.
+        None: every request has k drafts.  ``dyadic.ragged`` maps vLLM-style
+        flat arrays to and from this padded layout.
     logits : bool
         ``target`` holds logits.  Each target row becomes the processed target
         of docs/semantics.md section 2 "Target logits": ``z = float64(x) /
@@ -374,8 +390,9 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         exponential of ``allocate(logits=True)`` (``W(zmax) = 2**39``; -inf
         masks a token), then the filters min-p, top-k, top-p (in this order) on
         the ranking by z (descending, ties to the lowest id); ``p(v) = P_v / T``
-        with ``P_v = W_v`` on the kept tokens.  Verification is section 5 with
-        these P and T.  NaN or +inf in a row (after the division) is
+        with ``P_v = W_v * 2**s`` on the kept tokens (``T`` in [2**62, 2**63]).
+        Verification is section 5 with these P and T.  With ``num_drafts``
+        only target rows ``0..n_b`` are processed and validated.  NaN or +inf in a row (after the division) is
         TARGET_INVALID_VALUE; a row of only -inf is TARGET_ZERO_MASS.
     temperature : float or float array [B]
         ``logits=True`` only.  Finite and >= 0; 0 verifies the request greedily
@@ -431,15 +448,20 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         extra = {} if not logits else dict(logits=True, temperature=temperature,
                                            top_k=top_k, top_p=top_p, min_p=min_p)
         return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
-                             check=check, out=out, **extra)
+                             check=check, out=out, num_drafts=num_drafts, **extra)
     be = _backend.get(backend)
     if logits and not be.has_logits_verify:
         raise _backend.BackendUnavailable(
             f"backend {backend!r} does not implement verify with logits=True; use "
             f"backend 'cpu', 'reference' or 'numba'")
     kind = _arrays.kind_of(target)
-    t, d, g, batch, k, v = _validate.verify_inputs(target, draft, greedy, check=check is True,
-                                                   logits=logits)
+    t, d, g, batch, k, v = _validate.verify_inputs(
+        target, draft, greedy, check=check is True and num_drafts is None, logits=logits)
+    nd = None
+    if num_drafts is not None:  # ragged: only draft[b, :n_b] is verified (and checked)
+        nd = _validate.num_drafts(num_drafts, batch, k, check=check is True)
+        if check is True:
+            _validate.ragged_drafts(nd, d, v)
     if logits:
         params = _validate.logits_target_params(temperature, top_k, top_p, min_p, batch,
                                                 check=check is True)
@@ -455,9 +477,10 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         ("status", (batch,), np.int32)), kind)
     status[...] = 0
     if batch and logits:
-        be.verify_logits(t, d, qc, qi, g, *params, *keys_b, accepted, tokens, status)
+        be.verify_logits(t, d, qc, qi, g, *params, *keys_b, accepted, tokens, status,
+                         num_drafts=nd)
     elif batch:
-        be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status)
+        be.verify(t, d, qc, qi, g, *keys_b, accepted, tokens, status, num_drafts=nd)
     if status.any():
         if check is True:
             _status.raise_for_status(status)

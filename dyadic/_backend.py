@@ -77,34 +77,38 @@ class Backend:
         raise NotImplementedError
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         """target float32 [B, k+1, V]; draft int32 [B, k]; q_counts uint32
         [B, k, W] or None (point-mass q); q_ids int32 [B, k, W] or None
-        (dense); greedy uint8 [B]. Writes accepted int32 [B], tokens int32
-        [B, k+1], status int32 [B]."""
+        (dense); greedy uint8 [B]; num_drafts int32 [B] or None (every request
+        has k drafts; else request b verifies draft[b, :n_b], and an n_b outside
+        [0, k] fails it closed with NUM_DRAFTS_INVALID). Writes accepted int32
+        [B], tokens int32 [B, k+1], status int32 [B]."""
         raise NotImplementedError
 
     def verify_plain(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-                     position, accepted, tokens, status):
+                     position, accepted, tokens, status, num_drafts=None):
         """``verify`` where no request is greedy (``greedy`` all zero): a backend may
         take a route that never reads the flags.  Same results as ``verify``."""
         self.verify(target, draft, q_counts, q_ids, greedy, seed, generation, round,
-                    position, accepted, tokens, status)
+                    position, accepted, tokens, status, num_drafts)
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
-                    accepted, tokens, status):
+                    accepted, tokens, status, num_drafts=None):
         """``verify`` with ``check="lazy"`` and no greedy request (only where
         ``has_lazy_verify``): reads the target only where the decisions need it."""
         raise NotImplementedError(f"backend {self.name!r} has no lazy verify")
 
     def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
-                      min_p, seed, generation, round, position, accepted, tokens, status):
+                      min_p, seed, generation, round, position, accepted, tokens, status,
+                      num_drafts=None):
         """``verify`` on target logits (only where ``has_logits_verify``): target float32
         logits [B, k+1, V]; temperature float64 [B] (0: greedy request); top_k int64
-        [B] (0: off); top_p float32 [B] (1: off); min_p float32 [B] (0: off).  Each
-        target row becomes the processed integer target of docs/semantics.md
-        ("Target logits"); a request with a parameter out of range fails closed with
-        TEMPERATURE_INVALID / TOP_K_INVALID / TOP_P_INVALID / MIN_P_INVALID."""
+        [B] (0: off); top_p float32 [B] (1: off); min_p float32 [B] (0: off);
+        num_drafts as ``verify``.  Each target row becomes the processed integer
+        target of docs/semantics.md ("Target logits"); a request with a parameter
+        out of range fails closed with TEMPERATURE_INVALID / TOP_K_INVALID /
+        TOP_P_INVALID / MIN_P_INVALID."""
         raise NotImplementedError(f"backend {self.name!r} has no verify from logits")
 
     # Runners: what dyadic._device's call plans call for device arrays, made once per
@@ -127,22 +131,23 @@ class Backend:
             self.draw(counts, ids, *keys, tokens)
         return run
 
-    def verify_runner(self, batch, k1, v, width, greedy, lazy):
+    def verify_runner(self, batch, k1, v, width, greedy, lazy, ragged=False):
         """``run(target, draft, q_counts, q_ids, greedy_flags, keys, accepted, tokens,
-        status)`` for verify calls of this shape: ``greedy`` flags given (``verify``),
-        else ``lazy`` and a lazy kernel (``verify_lazy``), else ``verify_plain`` (the
-        flags all zero)."""
+        status, num_drafts=None)`` for verify calls of this shape: ``greedy`` flags given
+        (``verify``), else ``lazy`` and a lazy kernel (``verify_lazy``), else
+        ``verify_plain`` (the flags all zero).  ``ragged``: num_drafts (int32 [B]) is
+        given to every call of the runner."""
         if greedy:
             method = self.verify
         elif lazy and self.has_lazy_verify:
-            def run(t, d, qc, qi, g, keys, a, tk, st):
-                self.verify_lazy(t, d, qc, qi, *keys, a, tk, st)
+            def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
+                self.verify_lazy(t, d, qc, qi, *keys, a, tk, st, nd)
             return run
         else:
             method = self.verify_plain
 
-        def run(t, d, qc, qi, g, keys, a, tk, st):
-            method(t, d, qc, qi, g, *keys, a, tk, st)
+        def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
+            method(t, d, qc, qi, g, *keys, a, tk, st, nd)
         return run
 
 

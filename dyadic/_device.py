@@ -27,7 +27,10 @@ request: the target rows, then the draft ids (an id outside [0, V):
 DRAFT_OUT_OF_RANGE, greedy requests too; check=True raises the CPU path's
 "token ids must be in [0, V)" first), then, for non-greedy requests, the q rows
 (a sparse row breaking a Dyadic rule, a dense count above 2**24 at the draft:
-Q_INVALID), then q(d) > 0 (Q_ZERO_AT_DRAFT).  Any batch size runs (rows beyond
+Q_INVALID), then q(d) > 0 (Q_ZERO_AT_DRAFT); with ``num_drafts`` first the request's
+count in [0, k] (NUM_DRAFTS_INVALID), then the rules on its rows 0..n_b only.  A device
+``num_drafts`` goes to the kernels as it is (int32) or converted on the device, never
+read on the host with check=False / "lazy".  Any batch size runs (rows beyond
 the grid's 65535 y blocks go to its z dimension).
 
 ``check="lazy"`` (verify only): like ``check=False``, but a request's target
@@ -266,9 +269,9 @@ class _VerifyPlan:
     or of one width and kind, greedy flags given or not, ``check``."""
 
     __slots__ = ("backend", "be", "dev", "didx", "b", "k", "v", "w", "check", "lazy",
-                 "greedy", "specs", "kind", "run", "bk", "zeros")
+                 "greedy", "specs", "kind", "run", "bk", "zeros", "ragged")
 
-    def __init__(self, t, q_width, greedy, backend, check, lazy, kind):
+    def __init__(self, t, q_width, greedy, backend, check, lazy, kind, ragged=False):
         torch = _ga._TORCH
         self.be = _backend.get(backend)
         self.backend, self.check, self.lazy, self.kind = backend, check, lazy, kind
@@ -284,6 +287,7 @@ class _VerifyPlan:
         self.b, self.k, self.v, self.w = b, k1 - 1, v, q_width
         self.bk = (b, k1 - 1)
         self.greedy = greedy
+        self.ragged = ragged  # num_drafts given (int32 [B], converted per call)
         self.dev = dev = t.device
         self.didx = t.get_device()
         self.zeros = None
@@ -294,14 +298,25 @@ class _VerifyPlan:
         self.run = None
 
     def make_run(self):
+        if self.ragged:
+            return self.be.verify_runner(self.b, self.k + 1, self.v, self.w, self.greedy,
+                                         self.lazy and not self.greedy, ragged=True)
         return self.be.verify_runner(self.b, self.k + 1, self.v, self.w, self.greedy,
                                      self.lazy and not self.greedy)
 
-    def __call__(self, t, draft, q, keys, out, greedy):
+    def __call__(self, t, draft, q, keys, out, greedy, num_drafts=None):
         torch = _ga._TORCH
         if not t.is_contiguous():
             t = t.contiguous()
         b, v, didx, check = self.b, self.v, self.didx, self.check
+        nd = None
+        if self.ragged:  # validated first (check=True), the draft rule then on draft[b, :n_b]
+            nd, nd_host = _ga._num_drafts(num_drafts, b, self.k, self.dev, check)
+            if check:  # on the ids as given (before any int32 conversion)
+                dh = _arrays.int_to_numpy(draft, "draft", host_copy=True)
+                if dh.shape == self.bk:
+                    _validate.ragged_drafts(nd_host, dh, v)
+            check = False
         if _ga._on(draft, didx, torch) and draft.dtype == torch.int32:
             d = draft
             if d.shape != self.bk:  # torch.Size == tuple
@@ -323,11 +338,15 @@ class _VerifyPlan:
             qi = q._ids
             if qi is not None and not _ga._on(qi, didx, torch):
                 qi = _ga._host_tensor(qi, self.dev).contiguous()
+        check = self.check
         g = self.zeros if greedy is None else _ga._greedy(greedy, b, self.dev)
         keys_b = _ga._keys(keys, b, self.dev, check, extra=self.k)
         accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
         if b:
-            _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status)
+            if nd is None:
+                _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status)
+            else:
+                _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status, nd)
         if check:
             _ga._finish(status, check)
         kind = self.kind
@@ -337,7 +356,7 @@ class _VerifyPlan:
                        None if check else _ga._back(status, kind))
 
 
-def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
+def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num_drafts=None):
     lazy = check == "lazy"  # any other string was refused by dyadic.verify
     if lazy:
         check = False
@@ -349,11 +368,12 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None):
         qk = (qw, q._ids is None)
     else:  # refused by verify_q in the call
         qk = qw = 0
+    ragged = num_drafts is not None
     key = ("verify", backend, t.shape, t.dtype, t.device, qk, greedy is None, check, lazy,
-           kind)
+           kind, ragged)
     plan = _plan(key, _VerifyPlan, t, qw or 0, greedy is not None, backend, check, lazy,
-                 kind)
-    return plan(t, draft, q, keys, out, greedy)
+                 kind, ragged)
+    return plan(t, draft, q, keys, out, greedy, num_drafts)
 
 
 __all__ = ["allocate", "draw", "propose", "verify", "GPU_BACKENDS"]

@@ -325,3 +325,34 @@ def _check_draft(d, v):
     if bad.size:
         raise ValueError(f"draft: row {int(bad[0])}: token ids must be in [0, {v})")
 
+
+
+def _num_drafts(n, batch, k, device, check):
+    """verify's ``num_drafts`` as a contiguous int32 [B] tensor on ``device``, and its
+    validated host copy (``check``; else None).
+
+    A contiguous int32 tensor on ``device`` is used as it is and, with ``check``
+    False, never read on the host: the kernels bounds-check every count (status
+    NUM_DRAFTS_INVALID), so a captured CUDA graph serves counts written in place.
+    Other device tensors are converted on the device (a count that int32 cannot
+    hold becomes -1, never another count); host arrays go through
+    ``_validate.num_drafts``.  ``check`` True validates a host copy (ValueError naming
+    the request and the rule)."""
+    torch = _TORCH or _torch()
+    if _arrays.is_gpu_array(n):
+        t, _ = _as_torch(n)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"num_drafts: dtype {_arrays.dtype_name(t)} is not an integer "
+                            f"dtype")
+        if tuple(t.shape) != (batch,):
+            raise ValueError(f"num_drafts: shape {tuple(t.shape)} must be (B,) = ({batch},)")
+        host = None
+        if check:
+            host = _validate.num_drafts(t.cpu().numpy(), batch, k, check=True)
+        t = t.to(device)
+        if t.dtype != torch.int32:
+            t = torch.where((t < 0) | (t > 0x7FFFFFFF), torch.full_like(t, -1), t).to(
+                torch.int32)
+        return t.contiguous(), host
+    host = _validate.num_drafts(n, batch, k, check=check)
+    return _host_tensor(host, device).contiguous(), (host if check else None)

@@ -19,12 +19,14 @@ TARGET_SUM = 11
 Q_ZERO_AT_DRAFT = 12
 DRAFT_OUT_OF_RANGE = 13
 Q_INVALID = 14
+NUM_DRAFTS_INVALID = 15
 # verify from target logits (logits=True)
-TARGET_ZERO_MASS = 15
-TEMPERATURE_INVALID = 16
-TOP_K_INVALID = 17
-TOP_P_INVALID = 18
-MIN_P_INVALID = 19
+TARGET_ZERO_MASS = 16
+# sampling parameters (verify with logits=True; allocate / propose with top_p, min_p)
+TEMPERATURE_INVALID = 30
+TOP_K_INVALID = 31
+TOP_P_INVALID = 32
+MIN_P_INVALID = 33
 # RNG
 RNG_EXHAUSTED = 20
 
@@ -47,6 +49,8 @@ _MESSAGES = {
     Q_INVALID: ("q", "the q row breaks a Dyadic rule (an id outside [0, V) or -1, valid ids "
                      "not strictly ascending, padding before a valid id or with a count, "
                      "a count above 2**24, or counts not summing to 2**24)"),
+    NUM_DRAFTS_INVALID: ("num_drafts", "the request's draft count n must satisfy 0 <= n <= k "
+                                       "(k: the draft array's width)"),
     TARGET_ZERO_MASS: ("target", "every target logit is -inf (no token has mass; logits=True)"),
     TEMPERATURE_INVALID: ("temperature", "must be finite and >= 0 (0 means greedy "
                                          "verification)"),

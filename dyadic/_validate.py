@@ -337,3 +337,30 @@ def top_k_rows(k, v, batch, *, check=True):
                 check)
     width = int(min(max(int(tk.max()) if batch else 1, 1), v))
     return width, tk
+
+
+def num_drafts(n, batch, k, *, check=True):
+    """verify's ``num_drafts`` as int32 [B] (NumPy or a torch CPU tensor in).
+
+    The dtype must be an integer dtype (TypeError) and the shape (B,)
+    (ValueError).  ``check`` True raises ValueError for the first request with
+    a count outside [0, k]; False leaves that rule to the kernels (status
+    NUM_DRAFTS_INVALID for the request): a count that int32 cannot hold is
+    passed as -1, never wrapped to another count."""
+    a = _arrays.int_to_numpy(n, "num_drafts")
+    if a.shape != (batch,):
+        raise ValueError(f"num_drafts: shape {a.shape} must be (B,) = ({batch},)")
+    bad = (a < 0) | (a > k)
+    if check:
+        _first_bad(bad, "num_drafts", f"the number of drafts must be in [0, k] = [0, {k}]")
+    return np.ascontiguousarray(np.where((a < 0) | (a > 0x7FFFFFFF), -1, a).astype(np.int32))
+
+
+def ragged_drafts(n, draft, v):
+    """check=True's draft rule restricted to the drafts verified: ``draft[b, :n_b]`` in
+    [0, V) (``n`` validated by ``num_drafts``; entries beyond n_b are padding, never
+    read).  Raises the message of ``verify_inputs``."""
+    used = np.arange(draft.shape[1])[None, :] < n[:, None]
+    bad = ((draft < 0) | (draft >= v)) & used
+    _first_bad(bad.any(axis=1) if draft.size else np.zeros(draft.shape[0], bool), "draft",
+               f"token ids must be in [0, {v})")

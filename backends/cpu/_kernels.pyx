@@ -206,10 +206,12 @@ def draw(const uint32_t[:, ::1] counts, ids, const uint64_t[::1] seed,
 def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[::1] greedy,
            const uint64_t[::1] seed, const uint32_t[::1] generation, const uint32_t[::1] round,
            const uint32_t[::1] position, int32_t[::1] accepted, int32_t[:, ::1] tokens,
-           int32_t[::1] status):
+           int32_t[::1] status, num_drafts=None):
     """Shapes are checked here (ValueError naming the array; a dense q must
     have width V); ids and counts inside the rows are checked by
-    dy_verify_row_host, which fails a bad request closed with its status."""
+    dy_verify_row_host, which fails a bad request closed with its status.
+    ``num_drafts`` (int32 [B] or None): request b verifies its first n_b drafts
+    (dy_verify_row_ragged_host, which bounds-checks n_b itself)."""
     cdef const uint32_t[:, :, ::1] t = target.view(np.uint32)
     cdef Py_ssize_t b, B = t.shape[0]
     cdef Py_ssize_t k1 = t.shape[1], Vs = t.shape[2]
@@ -248,6 +250,11 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
     _shape1("accepted", accepted.shape[0], B)
     _shape2("tokens", tokens.shape[0], tokens.shape[1], B, k1)
     _shape1("status", status.shape[0], B)
+    cdef const int32_t[::1] nd
+    cdef bint ragged = num_drafts is not None
+    if ragged:
+        nd = num_drafts
+        _shape1("num_drafts", nd.shape[0], B)
     cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_verify_host_ws_words(V, k), np.uint64)
     with nogil:
         for b in range(B):
@@ -257,6 +264,12 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
                 qcp = &qc[b, 0, 0]
             if has_ids and k:
                 qip = &qi[b, 0, 0]
+            if ragged:
+                status[b] = dy_verify_row_ragged_host(
+                    &t[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, nd[b], V,
+                    greedy[b], seed[b], generation[b], round[b], position[b], &ws[0],
+                    &accepted[b], &tokens[b, 0])
+                continue
             status[b] = dy_verify_row_host(&t[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V,
                                       greedy[b], seed[b], generation[b], round[b], position[b],
                                       &ws[0], &accepted[b], &tokens[b, 0])
@@ -267,12 +280,14 @@ def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_
                   const int64_t[::1] top_k, top_p, min_p, const uint64_t[::1] seed,
                   const uint32_t[::1] generation, const uint32_t[::1] round,
                   const uint32_t[::1] position, int32_t[::1] accepted, int32_t[:, ::1] tokens,
-                  int32_t[::1] status):
+                  int32_t[::1] status, num_drafts=None):
     """verify(..., logits=True): target float32 logits [B, k+1, V]; temperature
     float64 [B], top_k int64 [B], top_p / min_p float32 [B] (read as bits).  Shapes
     are checked here (ValueError naming the array); the parameters, target rows,
     ids and counts are checked by dy_verify_logits_row_host, which fails a bad
-    request closed with its status."""
+    request closed with its status.  ``num_drafts`` (int32 [B] or None): request b
+    verifies its first n_b drafts (dy_verify_logits_row_ragged_host, which
+    bounds-checks n_b itself)."""
     cdef Py_ssize_t b, B = target.shape[0]
     cdef Py_ssize_t k1 = target.shape[1], Vs = target.shape[2]
     cdef uint32_t k, V, W
@@ -316,6 +331,11 @@ def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_
     _shape1("accepted", accepted.shape[0], B)
     _shape2("tokens", tokens.shape[0], tokens.shape[1], B, k1)
     _shape1("status", status.shape[0], B)
+    cdef const int32_t[::1] nd
+    cdef bint ragged = num_drafts is not None
+    if ragged:
+        nd = num_drafts
+        _shape1("num_drafts", nd.shape[0], B)
     cdef uint64_t[::1] ws = np.empty(<Py_ssize_t>dy_verify_logits_ws_words(V, k), np.uint64)
     with nogil:
         for b in range(B):
@@ -325,6 +345,12 @@ def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_
                 qcp = &qc[b, 0, 0]
             if has_ids and k:
                 qip = &qi[b, 0, 0]
+            if ragged:
+                status[b] = dy_verify_logits_row_ragged_host(
+                    &target[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, nd[b], V,
+                    greedy[b], temperature[b], top_k[b], tp[b], mp[b], seed[b], generation[b],
+                    round[b], position[b], &ws[0], &accepted[b], &tokens[b, 0])
+                continue
             status[b] = dy_verify_logits_row_host(
                 &target[b, 0, 0], &draft[b, 0] if k else NULL, qcp, qip, W, k, V, greedy[b],
                 temperature[b], top_k[b], tp[b], mp[b], seed[b], generation[b], round[b],

@@ -33,15 +33,16 @@ class CpuBackend(Backend):
         _kernels.draw(counts, ids, seed, generation, round, position, tokens)
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         _kernels.verify(target, draft, q_counts, q_ids, greedy, seed, generation, round,
-                        position, accepted, tokens, status)
+                        position, accepted, tokens, status, num_drafts)
 
     def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
-                      min_p, seed, generation, round, position, accepted, tokens, status):
+                      min_p, seed, generation, round, position, accepted, tokens, status,
+                      num_drafts=None):
         _kernels.verify_logits(target, draft, q_counts, q_ids, greedy, temperature, top_k,
                                top_p, min_p, seed, generation, round, position, accepted,
-                               tokens, status)
+                               tokens, status, num_drafts)
 
     def allocate_filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width,
                           counts, ids, status):

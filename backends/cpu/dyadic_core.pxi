@@ -58,3 +58,16 @@ cdef extern from "dyadic_core.h" nogil:
                                 uint32_t generation, uint32_t round, uint32_t position,
                                 int32_t *token, uint32_t *counts, int32_t *ids, uint64_t *ws)
     void dy_scale_target(uint64_t *p, uint32_t vocab, uint64_t *total)
+    int dy_verify_row_ragged_host(const uint32_t *target, const int32_t *draft,
+                                  const uint32_t *q_counts, const int32_t *q_ids, uint32_t width,
+                                  uint32_t k, int32_t n, uint32_t vocab, int greedy,
+                                  uint64_t seed, uint32_t generation, uint32_t round,
+                                  uint32_t position, uint64_t *ws, int32_t *accepted,
+                                  int32_t *tokens)
+    int dy_verify_logits_row_ragged_host(const float *target, const int32_t *draft,
+                                         const uint32_t *q_counts, const int32_t *q_ids,
+                                         uint32_t width, uint32_t k, int32_t n, uint32_t vocab,
+                                         int greedy, double temperature, int64_t top_k,
+                                         uint32_t top_p_bits, uint32_t min_p_bits, uint64_t seed,
+                                         uint32_t generation, uint32_t round, uint32_t position,
+                                         uint64_t *ws, int32_t *accepted, int32_t *tokens)

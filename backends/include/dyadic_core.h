@@ -92,11 +92,12 @@ typedef long long int64_t;
 #define DY_ST_Q_ZERO_AT_DRAFT 12
 #define DY_ST_DRAFT_OUT_OF_RANGE 13
 #define DY_ST_Q_INVALID 14
-#define DY_ST_TARGET_ZERO_MASS 15
-#define DY_ST_TEMPERATURE_INVALID 16
-#define DY_ST_TOP_K_INVALID 17
-#define DY_ST_TOP_P_INVALID 18
-#define DY_ST_MIN_P_INVALID 19
+#define DY_ST_NUM_DRAFTS_INVALID 15
+#define DY_ST_TARGET_ZERO_MASS 16
+#define DY_ST_TEMPERATURE_INVALID 30
+#define DY_ST_TOP_K_INVALID 31
+#define DY_ST_TOP_P_INVALID 32
+#define DY_ST_MIN_P_INVALID 33
 #define DY_ST_RNG_EXHAUSTED 20
 
 /* Philox4x32 constants (Random123). */
@@ -1542,6 +1543,28 @@ DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
     for (i = 0; i <= k; i++) tokens[i] = -1;
     return st;
 }
+
+/* One request of verify with ragged drafts: n of its k drafts are verified
+ * (sampling.verify_row_ragged).  n outside [0, k] is DY_ST_NUM_DRAFTS_INVALID,
+ * decided before anything is read; else dy_verify_row_host at depth n (target
+ * rows 0..n, draft ids and q rows 0..n-1: nothing beyond is read) and tokens
+ * n+1..k set to -1.  tokens [k+1]; ws: dy_verify_host_ws_words(vocab, k) words. */
+DY_FUNC int dy_verify_row_ragged_host(const uint32_t *target, const int32_t *draft,
+                                      const uint32_t *q_counts, const int32_t *q_ids,
+                                      uint32_t width, uint32_t k, int32_t n, uint32_t vocab,
+                                      int greedy, uint64_t seed, uint32_t generation,
+                                      uint32_t round, uint32_t position, uint64_t *ws,
+                                      int32_t *accepted, int32_t *tokens) {
+    uint32_t i;
+    int st;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    *accepted = 0;
+    if (n < 0 || (uint32_t)n > k) return DY_ST_NUM_DRAFTS_INVALID;
+    st = dy_verify_row_host(target, n ? draft : DY_NULL, n ? q_counts : DY_NULL,
+                            n ? q_ids : DY_NULL, width, (uint32_t)n, vocab, greedy, seed,
+                            generation, round, position, ws, accepted, tokens);
+    return st;
+}
 #endif /* !DY_CUDA */
 
 /* ============ target logits (target_logits.py): verify(..., logits=True) ============
@@ -2004,6 +2027,31 @@ DY_FUNC int dy_verify_logits_row_host(const float *target, const int32_t *draft,
     *accepted = 0;
     for (i = 0; i <= k; i++) tokens[i] = -1;
     return st;
+}
+
+/* One request of verify(..., logits=True) with ragged drafts: n of its k drafts
+ * are verified (target_logits.verify_row_logits with num_drafts).  n outside
+ * [0, k] is DY_ST_NUM_DRAFTS_INVALID, decided before anything is read; else
+ * dy_verify_logits_row_host at depth n (target rows 0..n, draft ids and q rows
+ * 0..n-1: nothing beyond is read) and tokens n+1..k set to -1.  tokens [k+1];
+ * ws: dy_verify_logits_ws_words(vocab, k) words. */
+DY_FUNC int dy_verify_logits_row_ragged_host(const float *target, const int32_t *draft,
+                                             const uint32_t *q_counts, const int32_t *q_ids,
+                                             uint32_t width, uint32_t k, int32_t n,
+                                             uint32_t vocab, int greedy, double temperature,
+                                             int64_t top_k, uint32_t top_p_bits,
+                                             uint32_t min_p_bits, uint64_t seed,
+                                             uint32_t generation, uint32_t round,
+                                             uint32_t position, uint64_t *ws, int32_t *accepted,
+                                             int32_t *tokens) {
+    uint32_t i;
+    for (i = 0; i <= k; i++) tokens[i] = -1;
+    *accepted = 0;
+    if (n < 0 || (uint32_t)n > k) return DY_ST_NUM_DRAFTS_INVALID;
+    return dy_verify_logits_row_host(target, n ? draft : DY_NULL, n ? q_counts : DY_NULL,
+                                     n ? q_ids : DY_NULL, width, (uint32_t)n, vocab, greedy,
+                                     temperature, top_k, top_p_bits, min_p_bits, seed,
+                                     generation, round, position, ws, accepted, tokens);
 }
 #endif /* !DY_CUDA */
 

@@ -156,11 +156,12 @@ def build(case, backend):
             return {"tokens": to_numpy(tok)}
     elif case.primitive == "verify":
         def call():
-            g = a.get("greedy")
+            g, n = a.get("greedy"), a.get("num_drafts")
             v = dyadic.verify(any_input(a["target"], backend), any_input(a["draft"], backend),
                               _dyadic_q(case, backend), _keys(case, backend),
                               greedy=None if g is None else any_input(g.astype(bool), backend),
-                              backend=backend)
+                              backend=backend,
+                              **({} if n is None else {"num_drafts": any_input(n, backend)}))
             return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
                     "status": to_numpy(v.status)}
     elif case.primitive == "philox":

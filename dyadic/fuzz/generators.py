@@ -332,6 +332,23 @@ def _target(rng, b, k1, v):
     return p.astype(np.float32), kind
 
 
+def _ragged(rng, arrays, b, k, v):
+    """num_drafts in [0, k] per request, the padding beyond each count of half the
+    requests made hostile (NaN target rows, draft ids outside [0, V); q stays a valid
+    Dyadic: the fuzzer builds it with the constructor): never read, so no backend may
+    look at it.  One count in ten is outside [0, k] (NUM_DRAFTS_INVALID)."""
+    n = rng.integers(0, k + 1, size=b).astype(np.int32)
+    bad = rng.random(b) < 0.1
+    n[bad] = np.where(rng.random(int(bad.sum())) < 0.5, -1, k + 1)
+    arrays["num_drafts"] = n
+    target, draft = arrays["target"], arrays["draft"]
+    for r in range(b):
+        m = int(min(max(n[r], 0), k))
+        if rng.random() < 0.5:
+            target[r, m + 1:] = np.nan
+            draft[r, m:] = v + 3
+
+
 def gen_verify(rng, invalid):
     v = _vocab(rng, large_ok=rng.random() < 0.3)
     if v > 5000:
@@ -371,6 +388,9 @@ def gen_verify(rng, invalid):
         arrays["greedy"] = (rng.random(b) < 0.5).astype(np.uint8)
     arrays.update(_keys(rng, b, k))
     label = f"{kind}/{qmode}"
+    if rng.random() < 0.3:
+        label += "/ragged"
+        _ragged(rng, arrays, b, k, v)
     if invalid:
         r = rng.random()
         bb, ii = int(rng.integers(0, b)), int(rng.integers(0, k + 1))

@@ -5,7 +5,7 @@ from dataclasses import replace
 from .case import Case
 
 _ROW_ARRAYS = {"x", "temperature", "seed", "generation", "round", "position", "q_counts",
-               "q_ids", "target", "draft", "greedy", "counter"}
+               "q_ids", "target", "draft", "greedy", "counter", "num_drafts"}
 _PRIMARY = ("x", "q_counts", "target", "counter")
 
 

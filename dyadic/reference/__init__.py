@@ -46,8 +46,11 @@ first_token_distribution = distribution.first_token_distribution
 target_distribution = distribution.target_distribution
 first_token_distribution_logits = distribution.first_token_distribution_logits
 logits_target_distribution = target_logits.target_distribution
+bonus_distribution = distribution.bonus_distribution
+ragged_first_token_distribution = distribution.ragged_first_token_distribution
 
 __all__ = ["allocate", "draw", "propose", "verify", "philox4x32", "first_token_distribution",
            "target_distribution", "first_token_distribution_logits", "logits_target_distribution",
+           "bonus_distribution", "ragged_first_token_distribution",
            "allocation", "distribution", "fixedpoint", "philox",
            "sampling", "target_logits"]

@@ -212,31 +212,38 @@ class ReferenceBackend(Backend):
                                                      int(position[b]))
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         bits = target.view(np.uint32)
+
+        def row(b, d, q, keys, pos):
+            args = ([bits[b, i].tolist() for i in range(target.shape[1])], d, q, keys, pos,
+                    bool(greedy[b]))
+            if num_drafts is None:
+                return sampling.verify_row(*args)
+            return sampling.verify_row_ragged(*args, int(num_drafts[b]))
+
         _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
-                     accepted, tokens, status,
-                     lambda b, d, q, keys, pos: sampling.verify_row(
-                         [bits[b, i].tolist() for i in range(target.shape[1])], d, q, keys,
-                         pos, bool(greedy[b])))
+                     accepted, tokens, status, num_drafts, row)
 
     def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
-                      min_p, seed, generation, round, position, accepted, tokens, status):
+                      min_p, seed, generation, round, position, accepted, tokens, status,
+                      num_drafts=None):
         bsz = target.shape[0] if target.ndim == 3 else 0
         for name, a in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
                         ("min_p", min_p)):
             _shape(name, a, (bsz,))
         p_bits, m_bits = top_p.view(np.uint32), min_p.view(np.uint32)
         _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
-                     accepted, tokens, status,
+                     accepted, tokens, status, num_drafts,
                      lambda b, d, q, keys, pos: target_logits.verify_row_logits(
                          [target[b, i].tolist() for i in range(target.shape[1])], d, q, keys,
                          pos, bool(greedy[b]), float(temperature[b]), int(top_k[b]),
-                         int(p_bits[b]), int(m_bits[b])))
+                         int(p_bits[b]), int(m_bits[b]),
+                         None if num_drafts is None else int(num_drafts[b])))
 
 
 def _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round, position,
-                 accepted, tokens, status, row_fn):
+                 accepted, tokens, status, num_drafts, row_fn):
     """The shape checks and the request loop of verify / verify_logits; ``row_fn(b, draft,
     q_rows, keys, position)`` decides request ``b``."""
     if target.ndim != 3 or target.shape[1] < 1:
@@ -262,6 +269,8 @@ def _verify_rows(target, draft, q_counts, q_ids, greedy, seed, generation, round
     _shape("accepted", accepted, (bsz,))
     _shape("tokens", tokens, (bsz, k1))
     _shape("status", status, (bsz,))
+    if num_drafts is not None:
+        _shape("num_drafts", num_drafts, (bsz,))
     for b in range(bsz):
         q_rows = None
         if q_counts is not None:

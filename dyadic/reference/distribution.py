@@ -90,3 +90,32 @@ def first_token_distribution_logits(xs, q_dense, *, temperature=1.0, top_k=0, to
                 out[d if d == arg else arg] += Fraction(c, _spec.TOTAL)
         return out
     return first_token_distribution_fixed(p, total, q_dense)
+
+
+def bonus_distribution(target_bits):
+    """Exact law of the bonus token: first id v whose running sum of P exceeds
+    X ~ U[0, T) (``sampling.draw_weighted`` on row P), i.e. the length of the
+    interval of X values that select v, over T."""
+    status, p, total = fixedpoint.target_row_fixed(target_bits)
+    if status:
+        raise ValueError(_status.message(status, 0))
+    out, cum = [], 0
+    for x in p:
+        lo, cum = cum, cum + x
+        out.append(Fraction(cum - lo, total))
+    return out
+
+
+def ragged_first_token_distribution(target_rows_bits, q_rows_dense, num_drafts):
+    """Exact law of the first emitted token of a request verified with
+    ``num_drafts = n`` drafts (``sampling.verify_row_ragged``), when d_0 ~ q_0.
+
+    n = 0: the bonus drawn from target row 0 (``bonus_distribution``); n >= 1:
+    the first token of the chain (``first_token_distribution`` of row 0 and
+    q_0).  Rows beyond n are never read: they may hold anything."""
+    k = len(q_rows_dense)
+    if not 0 <= num_drafts <= k:
+        raise ValueError(_status.message(_status.NUM_DRAFTS_INVALID, 0))
+    if num_drafts == 0:
+        return bonus_distribution(target_rows_bits[0])
+    return first_token_distribution(target_rows_bits[0], q_rows_dense[0])

@@ -201,3 +201,28 @@ def verify_fixed_rows(fixed, argmaxes, draft, q_rows, keys, position, greedy):
     p, total = fixed[k]
     tokens.append(argmaxes[k] if greedy else draw_weighted(p, keys, position + k))
     return _status.OK, k, tokens
+
+
+def verify_row_ragged(target_bits, draft, q_rows, keys, position, greedy, num_drafts):
+    """One request of ``dyadic.verify`` with ``num_drafts``: only the first
+    ``n = num_drafts`` drafts are verified.
+
+    ``target_bits``, ``draft``, ``q_rows`` are the padded row (k + 1 target
+    rows, k draft ids, None or k q rows); target rows ``0..n``, draft ids and
+    q rows ``0..n-1`` are used, the rest is never read nor validated.  ``n``
+    outside ``[0, k]`` is ``NUM_DRAFTS_INVALID``, checked before anything
+    else.  Otherwise the result is ``verify_row`` of the request cut to
+    depth ``n`` (same keys, so the same draws: the bonus of ``n = 0`` is drawn
+    from target row 0 at ``position``), its tokens padded with -1 to
+    ``k + 1``.  Returns ``(status, accepted, tokens)`` as ``verify_row``.
+    """
+    k = len(draft)
+    if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 0 <= num_drafts <= k:
+        return _status.NUM_DRAFTS_INVALID, 0, None
+    n = num_drafts
+    status, acc, tokens = verify_row(target_bits[:n + 1], draft[:n],
+                                     None if q_rows is None else q_rows[:n], keys, position,
+                                     greedy)
+    if status:
+        return status, 0, None
+    return status, acc, tokens + [-1] * (k - n)

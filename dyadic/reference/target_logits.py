@@ -180,17 +180,33 @@ def param_bits(value):
 
 
 def verify_row_logits(rows, draft, q_rows, keys, position, greedy, temperature, top_k,
-                      top_p_bits, min_p_bits):
+                      top_p_bits, min_p_bits, num_drafts=None):
     """One request of ``dyadic.verify(..., logits=True)``.
 
     ``rows``: k+1 lists of Python floats (exact float32 logits); the parameters
     as ``target_row``; the other arguments as ``sampling.verify_row``.  Rules in
-    order: the parameters (TEMPERATURE_INVALID, TOP_K_INVALID, TOP_P_INVALID,
+    order: ``num_drafts`` (None: k; else NUM_DRAFTS_INVALID outside [0, k], and
+    the request is cut to depth n = num_drafts as ``sampling.verify_row_ragged``:
+    target rows beyond n, draft ids and q rows from n on are never read), the
+    parameters (TEMPERATURE_INVALID, TOP_K_INVALID, TOP_P_INVALID,
     MIN_P_INVALID), every target row (TARGET_INVALID_VALUE, TARGET_ZERO_MASS),
     then ``sampling.verify_fixed_rows`` on ``(P, T)`` of each row, greedy when
-    ``greedy`` or temperature 0.  Returns ``(status, accepted, tokens)``."""
+    ``greedy`` or temperature 0.  Returns ``(status, accepted, tokens)`` (tokens
+    padded with -1 to k + 1)."""
     from . import sampling
 
+    if num_drafts is not None:
+        k = len(draft)
+        if (isinstance(num_drafts, bool) or not isinstance(num_drafts, int)
+                or not 0 <= num_drafts <= k):
+            return _status.NUM_DRAFTS_INVALID, 0, None
+        n = num_drafts
+        st, acc, tokens = verify_row_logits(
+            rows[:n + 1], draft[:n], None if q_rows is None else q_rows[:n], keys, position,
+            greedy, temperature, top_k, top_p_bits, min_p_bits)
+        if st:
+            return st, 0, None
+        return st, acc, tokens + [-1] * (k - n)
     st = params_status(temperature, top_k, top_p_bits, min_p_bits)
     if st:
         return st, 0, None

@@ -317,3 +317,19 @@ def test_torch_parameters():
                 temperature=tp["temperature"].double().numpy(), top_k=p["top_k"],
                 top_p=tp["top_p"].float().numpy(), min_p=tp["min_p"].float().numpy())
     np.testing.assert_array_equal(np.asarray(got.tokens), want.tokens)
+
+
+@pytest.mark.parametrize("qkind", ["dense", "sparse", "point"])
+def test_num_drafts_cpu_equals_reference(qkind):
+    rng = np.random.default_rng(31 + len(qkind))
+    b, k, v = 9, 3, 15
+    target = logits_rows(rng, b * (k + 1), v).reshape(b, k + 1, v)
+    q, draft = q_and_draft(rng, b, k, v, qkind)
+    n = rng.integers(0, k + 1, size=b).astype(np.int32)
+    n[0], n[1] = -1, k + 1  # fail closed: NUM_DRAFTS_INVALID
+    for r in range(b):
+        target[r, max(n[r], 0) + 1:] = np.nan  # never read
+    got = both(target, draft, q, keys_for(rng, b), num_drafts=n, **params_for(rng, b, v))
+    assert got.status[:2].tolist() == [_status.NUM_DRAFTS_INVALID] * 2
+    assert (got.status[2:] == 0).all()
+    assert ((got.tokens >= 0).sum(axis=1)[2:] == got.accepted[2:] + 1).all()

@@ -56,6 +56,10 @@ ROUTES = [
      ("verify_chain", "verify_residual")),
     ("verify", dict(batch=1, v=128 * 32768 + 1, k1=2, lazy=True),
      ("verify_chain", "verify_residual")),
+    # tests/gpu/test_gpu_ragged.py: num_drafts takes the two launches in every mode
+    ("verify", dict(batch=1, v=V, k1=6, ragged=True), ("verify_chain", "verify_residual")),
+    ("verify", dict(batch=16, v=V, k1=6, lazy=True, ragged=True),
+     ("verify_chain", "verify_residual")),
 ]
 
 

@@ -255,3 +255,14 @@ def test_numba_filtered_fail_closed():
         0, _status.TOP_K_INVALID, _status.TOP_P_INVALID, _status.X_NAN]
     np.testing.assert_array_equal(qn.counts, qr.counts)
     np.testing.assert_array_equal(qn.ids, qr.ids)
+
+
+def test_numba_num_drafts():
+    rng = np.random.default_rng(33)
+    target, draft, q, keys, params = case(rng, 6, 2, 9, "sparse")
+    n = np.array([0, 2, 1, -1, 3, 2], np.int32)
+    target[0, 1:] = np.nan
+    target[2, 2] = np.nan
+    params["num_drafts"] = n
+    got = same(target, draft, q, keys, params)
+    assert got.status.tolist()[3:5] == [_status.NUM_DRAFTS_INVALID] * 2

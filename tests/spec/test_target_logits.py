@@ -289,3 +289,36 @@ def test_processed_target_is_the_kept_weights_scaled_into_the_acceptance_band():
         assert t == tw << s and p == [x << s for x in w]
     xs = f32(np.zeros(4))
     assert target_logits.processed_row(xs, 1.0, 0, one, 0)[2] == 1 << 62
+
+
+def test_num_drafts_cuts_the_request_and_never_reads_beyond():
+    """verify(logits=True, num_drafts=n): a request gives the result of the same request
+    verified alone at depth n; target rows beyond n may hold anything (NaN, +inf, all
+    -inf), draft ids and q rows from n on likewise."""
+    rng = np.random.default_rng(23)
+    b, k, v = 5, 3, 9
+    target = (rng.standard_normal((b, k + 1, v)) * 2).astype(np.float32)
+    draft = rng.integers(0, v, size=(b, k)).astype(np.int32)
+    n = np.array([0, 1, 3, 2, 0], np.int32)
+    for r in range(b):
+        target[r, n[r] + 1:] = np.nan
+        draft[r, n[r]:] = -7
+    keys = dyadic.Keys(seed=np.arange(b, dtype=np.uint64) + 3, position=9)
+    params = dict(temperature=np.array([1.0, 0.0, 0.7, 1.2, 0.0]), top_k=2, top_p=0.9,
+                  min_p=np.array([0.0, 0.1, 0.0, 0.2, 0.0]))
+    got = dyadic.verify(target, draft, None, keys, backend="reference", logits=True,
+                        num_drafts=n, **params)
+    for r in range(b):
+        m = int(n[r])
+        alone = dyadic.verify(target[r:r + 1, :m + 1], draft[r:r + 1, :m], None,
+                              dyadic.Keys(seed=r + 3, position=9), backend="reference",
+                              logits=True, temperature=float(params["temperature"][r]),
+                              top_k=2, top_p=0.9, min_p=float(params["min_p"][r]))
+        assert got.accepted[r] == alone.accepted[0]
+        assert got.tokens[r].tolist() == alone.tokens[0].tolist() + [-1] * (k - m)
+    bad = dyadic.verify(target, draft, None, keys, backend="reference", logits=True,
+                        num_drafts=np.array([0, 4, -1, 2, 0], np.int32), check=False, **params)
+    assert bad.status.tolist()[1:3] == [_status.NUM_DRAFTS_INVALID] * 2
+    with pytest.raises(ValueError, match="num_drafts: row 1"):
+        dyadic.verify(target, draft, None, keys, backend="reference", logits=True,
+                      num_drafts=np.array([0, 4, 1, 2, 0], np.int32), **params)

@@ -257,3 +257,15 @@ def verify_shapes(batch, k, v, ins, outs):
         raise ValueError(f"q_ids: shape {shape_of(qi)} must be q_counts' {sc}")
 
 
+
+
+def num_drafts(call, nd, batch):
+    """The pointer of verify's ``num_drafts`` (int32 [B], device or NumPy: ValueError
+    naming the array otherwise).  Its values are the kernels' to check (each count
+    outside [0, k] fails its request closed: NUM_DRAFTS_INVALID)."""
+    if shape_of(nd) != (batch,):
+        raise ValueError(f"num_drafts: shape {shape_of(nd)} must be ({batch},)")
+    dt = getattr(nd, "dtype", None)
+    if dt is None or not str(dt).endswith("int32") or str(dt).endswith("uint32"):
+        raise ValueError(f"num_drafts: dtype {dt} must be int32")
+    return call(nd)

@@ -85,37 +85,42 @@ class CupyBackend(Backend):
             call.finish()
 
     # --------------------------------------------------------------- verify
-    def _verify(self, target, draft, q_counts, q_ids, greedy, keys, outs, route_greedy, lazy):
+    def _verify(self, target, draft, q_counts, q_ids, greedy, keys, outs, route_greedy, lazy,
+                num_drafts=None):
         ins = (target, draft, q_counts, q_ids) + ((greedy,) if greedy is not None else ())
         batch, k, v, w, call, kptrs, kfmt, p_in, (a, tk, st) = A.verify_setup(
             target, q_counts, *keys, ins, outs)
         t, d, qc, qi = p_in[:4]
         g = p_in[4] if greedy is not None else A.NULL  # no flags: the plan's zero flags
-        plan = plans.verify_plan(runtime.device_id(), batch, k + 1, v, w, route_greedy, lazy)
-        plan.launch(t, d, qc, qi, g, kptrs, kfmt, a, tk, st)
+        ragged = num_drafts is not None
+        nd = A.num_drafts(call, num_drafts, batch) if ragged else A.NULL
+        plan = plans.verify_plan(runtime.device_id(), batch, k + 1, v, w, route_greedy, lazy,
+                                 ragged)
+        plan.launch(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd)
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         """verify with greedy flags (uint8 [B]): verify_chain + verify_residual."""
         self._verify(target, draft, q_counts, q_ids, greedy, (seed, generation, round, position),
-                     (accepted, tokens, status), True, False)
+                     (accepted, tokens, status), True, False, num_drafts)
 
     def verify_plain(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-                     position, accepted, tokens, status):
+                     position, accepted, tokens, status, num_drafts=None):
         """verify with no greedy request: verify_one_launch where its grid fits
         (routes.one_launch_tile), else the two launches (with the plan's zero flags;
-        ``greedy`` is not read)."""
+        ``greedy`` is not read).  With ``num_drafts`` the two launches."""
         self._verify(target, draft, q_counts, q_ids, None, (seed, generation, round, position),
-                     (accepted, tokens, status), False, False)
+                     (accepted, tokens, status), False, False, num_drafts)
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
-                    accepted, tokens, status):
+                    accepted, tokens, status, num_drafts=None):
         """verify with check="lazy" (no greedy rows): verify_lazy in one launch; for V
-        above routes.LAZY_MAX_V the route of verify_plain (full validation)."""
+        above routes.LAZY_MAX_V the route of verify_plain (full validation).  With
+        ``num_drafts`` the two launches (full validation of the rows used)."""
         self._verify(target, draft, q_counts, q_ids, None, (seed, generation, round, position),
-                     (accepted, tokens, status), False, True)
+                     (accepted, tokens, status), False, True, num_drafts)
 
     # --------------------------------------------------------------- runners
     # dyadic._device's call plans: torch tensors in, the launch plan found once.
@@ -152,17 +157,20 @@ class CupyBackend(Backend):
                    tokens.data_ptr())
         return run
 
-    def verify_runner(self, batch, k1, v, width, greedy, lazy):
+    def verify_runner(self, batch, k1, v, width, greedy, lazy, ragged=False):
         if k1 - 1 > A.MAX_K_VERIFY:
             raise ValueError(f"draft: backend 'cuda' verifies at most {A.MAX_K_VERIFY} draft "
                              f"tokens per request, got k={k1 - 1}")
         launch = plans.verify_plan(runtime.device_id(), batch, k1, v, width, greedy,
-                                   lazy).launch
+                                   lazy, ragged).launch
         keys_of = A.keys
 
-        def run(t, d, qc, qi, g, keys, a, tk, st):
+        def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
+            # nd: num_drafts, an int32 [B] device tensor (dyadic._gpu_arrays._num_drafts),
+            # read by the kernels only: no copy, no synchronisation
             kptrs, kfmt = keys_of(A.Call(), *keys, batch)
             launch(t.data_ptr(), d.data_ptr(), 0 if qc is None else qc.data_ptr(),
                    0 if qi is None else qi.data_ptr(), g.data_ptr() if greedy else 0, kptrs,
-                   kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr())
+                   kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr(),
+                   0 if nd is None else nd.data_ptr())
         return run

@@ -231,15 +231,17 @@ def draw_plan(dev, batch, w):
 
 # --- verify ----------------------------------------------------------------------------
 _VERIFY_NAMES = ("t", "d", "qc", "qi", "g", "key0", "key1", "key2", "key3", "kfmt", "a", "tk",
-                 "st", "vec", "vec_q")
+                 "st", "vec", "vec_q", "nd")
 _VIN = tuple(_VAR(n) for n in ("t", "d", "qc", "qi"))
 _VOUT = tuple(_VAR(n) for n in ("a", "tk", "st"))
 _VVEC, _VVECQ = _VAR("vec", np.int32), _VAR("vec_q", np.int32)
+_VND = _VAR("nd")  # num_drafts (int32 [B]) or 0: every request has k drafts
 
 
 class TwoLaunchVerify:
     """verify_chain (per (row, tile) sums; the last block of a request validates and walks
-    the chain) then verify_residual (the residual or bonus draw over many blocks)."""
+    the chain) then verify_residual (the residual or bonus draw over many blocks).  With
+    num_drafts (``nd``) a request's rows beyond its count are skipped."""
 
     def __init__(self, batch, k1, v, w, nsm, greedy):
         rows, k = batch * k1, k1 - 1
@@ -258,18 +260,18 @@ class TwoLaunchVerify:
         flags = _VAR("g") if greedy else int(self.no_flags.data.ptr)
         self.chain = _Launch(runtime.kernel("verify_chain"), routes.rgrid(nt1, rows), (256,), (
             *_VIN, w32, flags, I32[batch], k32, v32, np.int32(nt1), plo, phi, pmax, pbad,
-            *_KEYVARS, _KFMT, res_row, res_t, *_VOUT, vcnt, np.int32(vt), _VVEC),
+            *_KEYVARS, _KFMT, res_row, res_t, *_VOUT, vcnt, np.int32(vt), _VVEC, _VND),
             _VERIFY_NAMES, bufs)
         self.residual = _Launch(runtime.kernel("verify_residual"), routes.rgrid(nrt, batch),
                                 (256,), (*_VIN, w32, k32, v32, np.int32(nrt), *_KEYVARS, _KFMT,
                                          res_row, res_t, rpart, *_VOUT, rcnt, np.int32(rt),
-                                         _VVEC, _VVECQ, I32[batch]), _VERIFY_NAMES)
+                                         _VVEC, _VVECQ, I32[batch], _VND), _VERIFY_NAMES)
 
-    def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+    def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd=0):
         v = self.v
         vec_t = v % 4 == 0 and t % 16 == 0
         vec_q = bool(qc) and not qi and v % 4 == 0 and qc % 16 == 0
-        values = (t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec_t, vec_q)
+        values = (t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec_t, vec_q, nd)
         self.chain.go(values)
         self.residual.go(values)
 
@@ -287,7 +289,7 @@ class _OneKernelVerify:
     """Shared by LazyVerify and OneLaunchVerify: one launch, 16-byte loads of the target
     rows (and of dense q rows) where aligned."""
 
-    def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st):
+    def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd=0):
         vec = self.v4 and t % 16 == 0
         vec_q = vec and bool(qc) and not qi and qc % 16 == 0
         self.run.go((t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec, vec_q))
@@ -332,12 +334,13 @@ _VERIFY_KINDS = {"lazy": LazyVerify, "one_launch": OneLaunchVerify,
                  "two_launch": TwoLaunchVerify}
 
 
-def verify_plan(dev, batch, k1, v, w, greedy, lazy):
-    """The plan of a verify call (``greedy``: greedy flags given; ``lazy``: check="lazy")."""
-    key = ("verify", dev, batch, k1, v, w, greedy, lazy)
+def verify_plan(dev, batch, k1, v, w, greedy, lazy, ragged=False):
+    """The plan of a verify call (``greedy``: greedy flags given; ``lazy``: check="lazy";
+    ``ragged``: num_drafts given)."""
+    key = ("verify", dev, batch, k1, v, w, greedy, lazy, ragged)
     plan = PLANS.get(key)
     if plan is None:
         nsm = runtime.num_sms()
-        route = routes.verify_route(batch, k1, v, nsm, greedy, lazy)
+        route = routes.verify_route(batch, k1, v, nsm, greedy, lazy, ragged)
         plan = get(key, _VERIFY_KINDS[route], batch, k1, v, w, nsm, greedy)
     return plan

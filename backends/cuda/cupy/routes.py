@@ -18,8 +18,8 @@ Routes (kernel names of backends/cuda/kernels/):
 - draw: ``draw_rows``.
 - verify (check=False / True) without greedy requests: ``verify_one_launch`` where
   its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
-  greedy requests always the two launches.
-- verify, check="lazy", without greedy requests: ``verify_lazy`` (``verify_lazy_r64``
+  greedy requests, or num_drafts, always the two launches.
+- verify, check="lazy", without greedy requests or num_drafts: ``verify_lazy`` (``verify_lazy_r64``
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
 """
@@ -157,10 +157,12 @@ def dense_tile(v, batch, nsm):
 
 
 # --- verify ----------------------------------------------------------------------------
-def verify_route(batch, k1, v, nsm, greedy, lazy):
+def verify_route(batch, k1, v, nsm, greedy, lazy, ragged=False):
     """The verify kernels of a call: "lazy" (verify_lazy / _r64), "one_launch" or
-    "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given."""
-    if greedy:
+    "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given;
+    ``ragged``: num_drafts given (read by the two launches only, which skip every
+    row beyond a request's count)."""
+    if greedy or ragged:
         return "two_launch"
     if lazy and v <= LAZY_MAX_V:
         return "lazy"
@@ -208,7 +210,7 @@ def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for
-    allocate / propose; k1, greedy, lazy for verify."""
+    allocate / propose; k1, greedy, lazy, ragged (num_drafts given) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
@@ -227,7 +229,7 @@ def kernel_names(primitive, **shape):
             return (PACKED_KERNELS[packed_choice(b, v, nsm)],)
         return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
-                         shape.get("lazy", False))
+                         shape.get("lazy", False), shape.get("ragged", False))
     if route == "lazy":
         return (lazy_kernel(-(-v // lazy_tile(v, b, nsm)), b, nsm),)
     if route == "one_launch":

@@ -75,16 +75,21 @@ extern "C" __global__ void __launch_bounds__(256) verify_chain(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
     int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
     const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    int* res_row, u64* res_T, int* accepted, int* tokens, int* status, u32* vcnt, int vt, int vec) {
+    int* res_row, u64* res_T, int* accepted, int* tokens, int* status, u32* vcnt, int vt, int vec,
+    const int* nd) {
   __shared__ V1Shared s1;
   __shared__ int is_last;
   /* grid (ntiles, rows) (rows over y and z: dc_grid_row): consecutive blocks read
    * consecutive tiles of a row */
   const int tile = blockIdx.x, r = dc_grid_row(), b = r / (k + 1);
   if (r >= B * (k + 1)) return;
-  v1_body(r, tile, vt, vec, s1, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
+  /* nd (num_drafts, or null): a row beyond the request's depth is not read, its tile
+   * record neither written nor read (the block only arrives at the counter) */
+  const int n = vr_depth(nd, b, k);
+  if (r - b * (k + 1) <= n)
+    v1_body(r, tile, vt, vec, s1, target, V, ntiles, (u64*)part_lo, (u64*)part_hi, (u64*)part_max, (u32*)part_bad);
   if (!dc_elect_last(&vcnt[b], (u32)((k + 1) * ntiles), &is_last)) return;
-  vchain_body(b, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status);
+  vchain_body(b, target, draft, qc, qi, W, greedy, B, k, V, ntiles, part_lo, part_hi, part_max, part_bad, kseed, kgen, krnd, kpos, kfmt, res_row, res_T, accepted, tokens, status, n);
 }
 
 /* Stage 2: the residual (or bonus) row of each request, grid (nrt, B), tile
@@ -101,11 +106,13 @@ DC_FN u64 dc_resid_thr(u64 c, u64 th, u64 tl) { return c * th + ((c * tl) >> DY_
 
 DC_FN void v2_part(const int tile, const int b, const int rt, const int vec_t, const int vec_q, V1Shared& s1,
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
-    const int* res_row, const u64* res_T, u64* rpart) {
+    const int* res_row, const u64* res_T, u64* rpart, int n = -1) {
+  /* n: the request's depth under num_drafts (its bonus row), else -1; row k is always
+   * a bonus row */
   const int i = res_row[b], tid = threadIdx.x;
   const u64 T = res_T[b], th = T >> DY_TOTAL_BITS, tl = T & (u64)(DY_TOTAL - 1u);
   const u32* trow = target + ((i64)b * (k + 1) + i) * V;
-  const bool bonus = i == k, dense = !bonus && qc && !qi;
+  const bool bonus = i == k || i == n, dense = !bonus && qc && !qi;
   const u32* qrow = dense ? qc + ((i64)b * k + i) * V : 0;
   const int lo = tile * rt, hi = min(V, lo + rt);
   u64 sp = 0, sc = 0;
@@ -209,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(256) verify_residual(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nrt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     const int* res_row, const u64* res_T, u64* rpart, int* accepted, int* tokens, int* status, u32* rcnt,
-    int rt, int vec_t, int vec_q, int nrows) {
+    int rt, int vec_t, int vec_q, int nrows, const int* nd) {
   __shared__ DcShared sh;
   __shared__ V1Shared s1;
   __shared__ int is_last, snv, stile, sok;
@@ -218,9 +225,11 @@ extern "C" __global__ void __launch_bounds__(256) verify_residual(
   if (b >= nrows) return;
   const int i = res_row[b];
   if (i < 0) return;
-  v2_part(tile, b, rt, vec_t, vec_q, s1, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart);
+  /* the request's depth (num_drafts; verify_chain validated it): row n is its bonus row */
+  const int n = vr_depth(nd, b, k);
+  v2_part(tile, b, rt, vec_t, vec_q, s1, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart, n);
   if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
-  ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv);
+  ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv, n);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     const u64* rp = rpart + 2 * (i64)b * nrt;

@@ -3,6 +3,15 @@
  * verify_one_launch.cuh).
  * ====================================================================== */
 
+/* The depth of request b: num_drafts[b] where nd is given (ragged drafts) and the
+ * count lies in [0, k]; -1 for a count outside (NUM_DRAFTS_INVALID: nothing of the
+ * request is read); k without nd.  Rows beyond the depth are never read. */
+DC_FN int vr_depth(const int* nd, int b, int k) {
+  if (!nd) return k;
+  const int n = nd[b];
+  return (n >= 0 && n <= k) ? n : -1;
+}
+
 /* ------------------------------------------------------------------------
  * The acceptance chain of a request's last block (verify_chain,
  * verify_one_launch), every thread of the block: warp 0 sums request b's tile records (row
@@ -12,19 +21,30 @@
  * (TARGET_INVALID_VALUE, TARGET_SUM), every draft id in [0, V) (DRAFT_OUT_OF_RANGE,
  * greedy requests too), for a non-greedy request every q row (Q_INVALID), then
  * q_i(d_i) > 0 (Q_ZERO_AT_DRAFT); a failing request fails closed before anything is
- * read at a draft id.  Then the acceptance chain (dy_accept of the shared core). */
+ * read at a draft id.  Then the acceptance chain (dy_accept of the shared core).
+ * n: the request's depth (vr_depth): rows 0..n, drafts 0..n-1 are used (tokens
+ * stay k+1 wide); n = -1 fails the request closed with NUM_DRAFTS_INVALID before
+ * anything is read. */
 DC_FN void vchain_body(const int b,
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, const unsigned char* greedy,
     int B, int k, int V, int ntiles, const u64* part_lo, const u64* part_hi, const u64* part_max,
     const u32* part_bad, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    int* res_row, u64* res_T, int* accepted, int* tokens, int* status) {
+    int* res_row, u64* res_T, int* accepted, int* tokens, int* status, const int n) {
   __shared__ u64 Tl[64], Th[64]; __shared__ int amax[64], badr[64];
   __shared__ u32 cq[64], idbits[32];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = (int)(blockDim.x >> 5);
   int* tok = tokens + (i64)b * (k + 1);
   const i64 qrow = (i64)b * k;
+  if (n < 0) {  /* block-uniform */
+    if (tid == 0) {
+      res_row[b] = -1;
+      status[b] = DY_ST_NUM_DRAFTS_INVALID; accepted[b] = 0;
+      for (int i = 0; i <= k; ++i) tok[i] = -1;
+    }
+    return;
+  }
   if (wid == 0) {
-    for (int i = 0; i <= k; ++i) {
+    for (int i = 0; i <= n; ++i) {
       const i64 o = ((i64)b * (k + 1) + i) * ntiles;
       dy_u128 s = dy_make128(0, 0); u64 mx = 0; u32 bad = 0;
       for (int t = lane; t < ntiles; t += 32) {
@@ -38,7 +58,7 @@ DC_FN void vchain_body(const int b,
   {
     const int w0 = nw > 1 ? 1 : 0;
     u32 f = 0;
-    for (int i = wid - w0; wid >= w0 && i < k; i += nw - w0) {
+    for (int i = wid - w0; wid >= w0 && i < n; i += nw - w0) {
       u32 c;
       f |= dc_draft_check(draft[qrow + i], qc, qi, W, V, qrow + i, &c);
       if (lane == 0) cq[i] = c;
@@ -52,14 +72,14 @@ DC_FN void vchain_body(const int b,
   res_row[b] = -1;
   int code = DY_ST_OK;
   const u64 one = 1ull << DY_TARGET_BITS, tol = one >> DY_TARGET_TOL_BITS;
-  for (int i = 0; i <= k && !code; ++i) {
+  for (int i = 0; i <= n && !code; ++i) {
     if (badr[i]) code = DY_ST_TARGET_INVALID_VALUE;
     else if (Th[i] || (Tl[i] > one ? Tl[i] - one : one - Tl[i]) > tol) code = DY_ST_TARGET_SUM;
   }
   const bool g = greedy[b] != 0;
   if (!code && (ids & 2u)) code = DY_ST_DRAFT_OUT_OF_RANGE;
   if (!code && !g && (ids & 1u)) code = DY_ST_Q_INVALID;
-  for (int i = 0; i < k && !code && !g; ++i)
+  for (int i = 0; i < n && !code && !g; ++i)
     if (cq[i] == 0) code = DY_ST_Q_ZERO_AT_DRAFT;
   if (code) {
     status[b] = code; accepted[b] = 0;
@@ -68,7 +88,7 @@ DC_FN void vchain_body(const int b,
   }
   DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   for (int i = 0; i <= k; ++i) tok[i] = -1;
-  for (int i = 0; i < k; ++i) {
+  for (int i = 0; i < n; ++i) {
     const int d = draft[qrow + i];
     int ok;
     if (g) ok = d == amax[i];
@@ -89,9 +109,9 @@ DC_FN void vchain_body(const int b,
     for (int i = 0; i <= k; ++i) tok[i] = -1;
     return;
   }
-  accepted[b] = k;
-  if (g) tok[k] = amax[k];
-  else { res_row[b] = k; res_T[b] = Tl[k]; }
+  accepted[b] = n;
+  if (g) tok[n] = amax[n];
+  else { res_row[b] = n; res_T[b] = Tl[n]; }
   status[b] = DY_ST_OK;
 }
 
@@ -109,11 +129,13 @@ DC_FN u32 q_at(const u32* qc, const int* qi, int nv, int v, int d) {
 
 struct ResRow { const u32* t; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; };
 
+/* n: the request's depth where it verifies fewer than k drafts (num_drafts), whose
+ * bonus row is row n; -1 (default) otherwise.  Row k is always a bonus row. */
 DC_FN ResRow res_setup(const u32* target, const int* draft, const u32* qc, const int* qi, int W,
-                       int k, int V, int b, int i, u64 T, int* snv) {
+                       int k, int V, int b, int i, u64 T, int* snv, int n = -1) {
   ResRow r;
   r.t = target + ((i64)b * (k + 1) + i) * V;
-  r.T = T; r.bonus = i == k; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
+  r.T = T; r.bonus = i == k || i == n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
   if (!r.bonus) {
     const i64 qo = ((i64)b * k + i) * (qi ? W : V);
     r.qcr = qc ? qc + qo : 0;

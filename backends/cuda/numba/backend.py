@@ -218,7 +218,7 @@ class NumbaBackend(Backend):
         outs.finish()
 
     def verify(self, target, draft, q_counts, q_ids, greedy, seed, generation, round,
-               position, accepted, tokens, status):
+               position, accepted, tokens, status, num_drafts=None):
         _need(len(_shape(target)) == 3 and _dim(target, 1) >= 1,
               f"target: shape {_shape(target)}, expected [B, k+1, V]")
         bsz, k1, v = _shape(target)
@@ -226,8 +226,13 @@ class NumbaBackend(Backend):
         _need(q_ids is None or q_counts is not None, "q_ids without q_counts")
         _check_rows(bsz, draft=(draft, (k1 - 1,)), q_counts=(q_counts, (k1 - 1, width)),
                     q_ids=(q_ids, (k1 - 1, width)), greedy=(greedy, ()),
-                    accepted=(accepted, ()), tokens=(tokens, (k1,)), status=(status, ()))
+                    accepted=(accepted, ()), tokens=(tokens, (k1,)), status=(status, ()),
+                    num_drafts=(num_drafts, ()))
         _check_keys((seed, generation, round, position), bsz)
+        # ragged drafts: int32 [B] (the kernel bounds-checks every count)
+        _need(num_drafts is None or str(num_drafts.dtype).endswith("int32"),
+              f"num_drafts: dtype {getattr(num_drafts, 'dtype', None)}, expected int32")
+        d_nd = _in(num_drafts) if num_drafts is not None else _dummy(np.int32, 1)
         if q_counts is None:
             qmode, d_qc, d_qi = 0, _dummy(np.uint32, 3), _dummy(np.int32, 3)
         elif q_ids is None:
@@ -243,11 +248,13 @@ class NumbaBackend(Backend):
         qd = cuda.device_array((blocks, v if qmode == 2 else 1), dtype=np.uint32)
         K.verify_kernel[blocks, _tpb()](
             _in(target, np.uint32), _in(draft), d_qc, d_qi, qmode, _in(greedy),
-            *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, tot, rh, rl, qd)
+            *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, tot, rh, rl, qd,
+            d_nd, int(num_drafts is not None))
         outs.finish()
 
     def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
-                      min_p, seed, generation, round, position, accepted, tokens, status):
+                      min_p, seed, generation, round, position, accepted, tokens, status,
+                      num_drafts=None):
         _need(len(_shape(target)) == 3 and _dim(target, 1) >= 1,
               f"target: shape {_shape(target)}, expected [B, k+1, V]")
         bsz, k1, v = _shape(target)
@@ -257,8 +264,12 @@ class NumbaBackend(Backend):
                     q_ids=(q_ids, (k1 - 1, width)), greedy=(greedy, ()),
                     temperature=(temperature, ()), top_k=(top_k, ()), top_p=(top_p, ()),
                     min_p=(min_p, ()), accepted=(accepted, ()), tokens=(tokens, (k1,)),
-                    status=(status, ()))
+                    status=(status, ()), num_drafts=(num_drafts, ()))
         _check_keys((seed, generation, round, position), bsz)
+        # ragged drafts: int32 [B] (the kernel bounds-checks every count)
+        _need(num_drafts is None or str(num_drafts.dtype).endswith("int32"),
+              f"num_drafts: dtype {getattr(num_drafts, 'dtype', None)}, expected int32")
+        d_nd = _in(num_drafts) if num_drafts is not None else _dummy(np.int32, 1)
         if q_counts is None:
             qmode, d_qc, d_qi = 0, _dummy(np.uint32, 3), _dummy(np.int32, 3)
         elif q_ids is None:
@@ -274,7 +285,8 @@ class NumbaBackend(Backend):
         L.verify_logits_kernel[(slots + tpb - 1) // tpb, tpb](
             _in(target), _in(draft), d_qc, d_qi, qmode, _in(greedy), _in(temperature),
             _in(top_k), _in(top_p, np.uint32), _in(min_p, np.uint32),
-            *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, *scratch)
+            *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, *scratch,
+            d_nd, int(num_drafts is not None))
         outs.finish()
 
     def _filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, keys, tokens,

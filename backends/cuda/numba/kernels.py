@@ -11,8 +11,9 @@ memory, and a row that breaks a rule fails closed (outputs -1), in the order of
 [0, V) (DRAFT_OUT_OF_RANGE, greedy requests too), then for non-greedy requests
 the q rows (Q_INVALID: a sparse row breaking a Dyadic rule, a dense count above
 2**24 at a draft), q_i(d_i) > 0 (Q_ZERO_AT_DRAFT), and a dense row that the
-residual reads in full must sum to 2**24 (Q_INVALID).  ``draw_kernel`` gives -1
-for a sparse row that is not a Dyadic row over [0, 2**24).  A failed allocate /
+residual reads in full must sum to 2**24 (Q_INVALID); with num_drafts, first the
+request's count in [0, k] (NUM_DRAFTS_INVALID), then those rules on its rows only.
+``draw_kernel`` gives -1 for a sparse row that is not a Dyadic row over [0, 2**24).  A failed allocate /
 propose row gets counts 0, ids PAD_ID and token -1 besides its status.
 
 ``alloc_kernel`` does allocate and propose: validation and the row maximum
@@ -49,6 +50,7 @@ X_ZERO_MASS, ALLOC_INCONSISTENT = _status.X_ZERO_MASS, _status.ALLOC_INCONSISTEN
 TARGET_INVALID_VALUE, TARGET_SUM = _status.TARGET_INVALID_VALUE, _status.TARGET_SUM
 Q_ZERO_AT_DRAFT, RNG_EXHAUSTED = _status.Q_ZERO_AT_DRAFT, _status.RNG_EXHAUSTED
 DRAFT_OUT_OF_RANGE, Q_INVALID = _status.DRAFT_OUT_OF_RANGE, _status.Q_INVALID
+NUM_DRAFTS_INVALID = _status.NUM_DRAFTS_INVALID
 MAX_ID = _spec.MAX_VOCAB  # a sparse id of any Dyadic lies in [0, MAX_VOCAB)
 U31 = U(31)
 
@@ -403,17 +405,26 @@ def q_row_bad(qc, qi, b, i, n, sh_k, sh_i, sh_h, sh_l, tid, tpb):
 @cuda.jit(device=True)
 def verify_row(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
                accepted, tokens, status, TOT, RH, RL, QD, b, s,
-               sh_k, sh_i, sh_h, sh_l, sh_misc, tid, tpb):
-    """Request b of verify_kernel; s is the block's scratch row of TOT, RH, RL, QD."""
-    k1 = tbits.shape[1]
+               sh_k, sh_i, sh_h, sh_l, sh_misc, tid, tpb, nd, has_nd):
+    """Request b of verify_kernel; s is the block's scratch row of TOT, RH, RL, QD.
+    With ``has_nd`` the request verifies its first nd[b] drafts (target rows
+    0..nd[b]; nothing beyond is read); nd[b] outside [0, k] fails it closed
+    (NUM_DRAFTS_INVALID) before anything else is read."""
+    k1 = tbits.shape[1]  # the width of the request's tokens
     k = k1 - 1
     n = tbits.shape[2]
     g = greedy[b] != 0
     sd, ge, ro, p0 = key_words(seed, gen, rnd, pos, b)
 
-    # every target row: valid values, sum within tolerance (exact, 128-bit)
     st = 0
-    for i in range(k1):
+    if has_nd != 0:
+        nb = np.int64(nd[b])
+        if nb < 0 or nb > k:
+            st = NUM_DRAFTS_INVALID
+        else:
+            k = nb
+    # every target row used: valid values, sum within tolerance (exact, 128-bit)
+    for i in range(k + 1 if st == 0 else 0):
         bad = U0
         ah, al = U0, U0
         for v in range(tid, n, tpb):
@@ -575,7 +586,7 @@ def verify_row(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
 
 @cuda.jit
 def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
-                  accepted, tokens, status, TOT, RH, RL, QD):
+                  accepted, tokens, status, TOT, RH, RL, QD, nd, has_nd):
     tid = cuda.threadIdx.x
     tpb = cuda.blockDim.x
     sh_k = cuda.shared.array(MAX_TPB, np.uint64)
@@ -588,7 +599,7 @@ def verify_kernel(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
     while b < status.shape[0]:
         verify_row(tbits, draft, qc, qi, qmode, greedy, seed, gen, rnd, pos,
                    accepted, tokens, status, TOT, RH, RL, QD, b, s,
-                   sh_k, sh_i, sh_h, sh_l, sh_misc, tid, tpb)
+                   sh_k, sh_i, sh_h, sh_l, sh_misc, tid, tpb, nd, has_nd)
         cuda.syncthreads()
         b += np.int64(cuda.gridDim.x)
 

@@ -17,7 +17,8 @@ in [0, V), sparse q rows in full (ids strictly ascending in [0, V), padding
 last, counts summing to 2**24), a dense q count at a draft <= 2**24, a dense q
 row summing to 2**24 where the residual reads it.  A request breaking a rule
 fails closed (status, accepted 0, tokens -1); the check order is that of
-``target_logits.verify_row_logits``.
+``target_logits.verify_row_logits`` (with ``num_drafts``, a count outside [0, k]
+first, then the request cut to its depth: nothing beyond is read).
 """
 
 import math
@@ -51,6 +52,7 @@ DRAFT_OUT_OF_RANGE = _status.DRAFT_OUT_OF_RANGE
 Q_INVALID = _status.Q_INVALID
 Q_ZERO_AT_DRAFT = _status.Q_ZERO_AT_DRAFT
 RNG_EXHAUSTED = _status.RNG_EXHAUSTED
+NUM_DRAFTS_INVALID = _status.NUM_DRAFTS_INVALID
 ALLOC_INCONSISTENT = _status.ALLOC_INCONSISTENT
 MAX_SLOTS = 64  # threads (and scratch rows of 3 x 8 + 2 x 4 bytes per token) of one launch
 
@@ -304,18 +306,25 @@ def residual_at(p, c, total):
 
 @device
 def verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen, rnd,
-                   pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s):
-    k1 = xf.shape[1]
-    k = k1 - 1
+                   pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s, nd, ragged):
+    k1_all = xf.shape[1]
     n = xf.shape[2]
+    for j in range(k1_all):
+        tokens[b, j] = -1
+    accepted[b] = 0
+    k = k1_all - 1
+    if ragged:  # num_drafts: the request is cut to depth n_b, checked before any read
+        nb = np.int64(nd[b])
+        if nb < 0 or nb > k:
+            status[b] = NUM_DRAFTS_INVALID
+            return
+        k = nb
+    k1 = k + 1
     sd, ge, ro, p0 = key_words(seed, gen, rnd, pos, b)
     t = np.float64(temp[b])
     tk = np.int64(topk[b])
     pbits = U(topp[b])
     mbits = U(minp[b])
-    for j in range(k1):
-        tokens[b, j] = -1
-    accepted[b] = 0
     st = params_status(t, tk, pbits, mbits)
     g = greedy[b] != 0 or t == 0.0
     if st == 0:
@@ -415,7 +424,7 @@ def verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, see
                         break
     if st != 0:
         status[b] = st
-        for j in range(k1):
+        for j in range(k1_all):
             tokens[b, j] = -1
         return
     for j in range(k1):
@@ -429,7 +438,7 @@ def verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, see
 
 @cuda.jit
 def verify_logits_kernel(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen,
-                         rnd, pos, accepted, tokens, status, P, KEY, ID, IDX):
+                         rnd, pos, accepted, tokens, status, P, KEY, ID, IDX, nd, ragged):
     s = np.int64(cuda.grid(1))
     slots = np.int64(P.shape[0])
     if s >= slots:
@@ -438,7 +447,8 @@ def verify_logits_kernel(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, min
     b = s
     while b < status.shape[0]:
         verify_request(xf, draft, qc, qi, qmode, greedy, temp, topk, topp, minp, seed, gen,
-                       rnd, pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s)
+                       rnd, pos, accepted, tokens, status, P, KEY, ID, IDX, hist, b, s, nd,
+                       ragged)
         b += slots
 
 
