@@ -392,8 +392,9 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         the ranking by z (descending, ties to the lowest id); ``p(v) = P_v / T``
         with ``P_v = W_v * 2**s`` on the kept tokens (``T`` in [2**62, 2**63]).
         Verification is section 5 with these P and T.  With ``num_drafts``
-        only target rows ``0..n_b`` are processed and validated.  NaN or +inf in a row (after the division) is
-        TARGET_INVALID_VALUE; a row of only -inf is TARGET_ZERO_MASS.
+        only target rows ``0..n_b`` are processed and validated.  NaN or +inf
+        in a row (after the division) is TARGET_INVALID_VALUE; a row of only
+        -inf is TARGET_ZERO_MASS.
     temperature : float or float array [B]
         ``logits=True`` only.  Finite and >= 0; 0 verifies the request greedily
         on the argmax of its logits (float value, ties to the lowest id), as

@@ -71,7 +71,11 @@ PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("params", PARAMS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "default")
+def _param_id(p):
+    return ",".join(f"{k}={v}" for k, v in p.items()) or "default"
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=_param_id)
 @pytest.mark.parametrize("v", [1, 2, 5, 9])
 def test_first_token_law_is_the_processed_target(params, v):
     rng = np.random.default_rng(v * 7919 + len(params))
@@ -169,7 +173,8 @@ def test_top_p_after_top_k_and_min_p_uses_the_survivors_total():
     # min-p 0.2 drops tokens below 0.2 * 2**39 (exp(-2) < 0.2 < exp(-1)): keeps 0, 1
     assert w[1] * TOTAL >= target_logits.f32_ceil24(target_logits.param_bits(0.2)) * WMAX
     assert w[2] * TOTAL < target_logits.f32_ceil24(target_logits.param_bits(0.2)) * WMAX
-    assert [i for i, x in enumerate(target_logits.target_distribution(xs, min_p=0.2)) if x] == [0, 1]
+    kept = target_logits.target_distribution(xs, min_p=0.2)
+    assert [i for i, x in enumerate(kept) if x] == [0, 1]
     # top_k=3 then top_p 0.9 of the three survivors' total
     ts = w[0] + w[1] + w[2]
     need = -((-target_logits.f32_ceil24(target_logits.param_bits(0.9)) * ts) // TOTAL)
