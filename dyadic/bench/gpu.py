@@ -28,7 +28,8 @@ propose_dense_bf16 and propose_dense_bf16_floor_first (top_k=None, policy "stand
 verify_k5_dense / verify_k5_top32 (dense / top-32 q), each also _lazy (check="lazy") and
 _checked (check=True); verify_k5_{dense,top32}[_lazy]_{close,indep}_cold (inputs
 rotated over enough sets that the L2 cache does not hold them: ``verify_cold``; graph
-replay only, time per call); verify_k5_dense_greedy (every other request greedy=True); and the
+replay only, time per call; ``_ragged``: request b verifies b mod (k + 1) drafts);
+verify_k5_dense_greedy (every other request greedy=True); and the
 plain-PyTorch pipelines torch_top32_proposal (topk, softmax, multinomial, gather) and
 torch_verify_k5_dense (gather, ratio test, clamp(p - q, 0), exponential race).
 
@@ -166,12 +167,12 @@ def cold_sets(per_set_bytes):
     return max(2, min(64, -(-3 * L2_BYTES // per_set_bytes)))
 
 
-def verify_cold(inp, workload, sparse, check):
+def verify_cold(inp, workload, sparse, check, ragged=False):
     """``make`` of a verify case on ``cold_sets`` input sets called one after another
     (one invocation = that many calls).  workload "close": p = softmax(3 z), q =
     softmax(3 z + 0.5 noise); "indep": p = softmax(3 z1), q = softmax(3 z2); z ~ N(0, 1)
     per request and position; drafts drawn from q's counts (dense) or q's top id
-    (top-32)."""
+    (top-32).  ragged: ``num_drafts`` = b mod (k + 1) for request b (a device array)."""
     B, nv, k = inp.B, inp.V, inp.k
 
     def make():
@@ -186,10 +187,11 @@ def verify_cold(inp, workload, sparse, check):
             del s.qd, z, zq
             calls.append((p, d, q, s.keys, s.verdict_out()))
         be = inp.backend
+        nd = (torch.arange(B, device=inp.device, dtype=torch.int32) % (k + 1)) if ragged else None
 
         def run():
             for p, d, q, keys, out in calls:
-                v = dyadic.verify(p, d, q, keys, backend=be, check=check, out=out)
+                v = dyadic.verify(p, d, q, keys, backend=be, check=check, out=out, num_drafts=nd)
             return v
         run.calls = len(calls)
         return run
@@ -279,6 +281,10 @@ def cases(inp):
                                 verify_cold(inp, workload, sparse, check),
                                 target if check is False else None, True, calls=None,
                                 eager=False))
+    for check, tag in (("lazy", "_lazy"), (False, "")):
+        out.append(Case(f"verify_k{k}_dense{tag}_close_cold_ragged",
+                        verify_cold(inp, "close", False, check, ragged=True), None, True,
+                        calls=None, eager=False))
     out += [Case(f"verify_k{k}_dense_greedy", verify(False, False, greedy=True), target, True),
             Case("torch_top32_proposal", torch_proposal, B * nv * 2, True),
             Case(f"torch_verify_k{k}_dense", torch_verify, target, True)]

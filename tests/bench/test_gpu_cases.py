@@ -40,7 +40,8 @@ def test_cases_run_once_on_the_host_backend(monkeypatch):
             "verify_k4_top32", "verify_k4_top32_lazy", "verify_k4_top32_checked",
             "verify_k4_dense_greedy", "torch_top32_proposal", "torch_verify_k4_dense"} | {
             f"verify_k4_{q}{tag}_{w}_cold" for q in ("dense", "top32") for tag in ("", "_lazy")
-            for w in ("close", "indep")} == set(names)
+            for w in ("close", "indep")} | {
+            "verify_k4_dense_close_cold_ragged", "verify_k4_dense_lazy_close_cold_ragged"} == set(names)
     assert sorted(c.name for c in cs if not c.eager) == sorted(n for n in names if "cold" in n)
     assert [c.name for c in cs if not c.graph] == ["verify_k4_dense_checked",
                                                     "verify_k4_top32_checked"]

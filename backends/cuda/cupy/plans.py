@@ -292,12 +292,13 @@ class _OneKernelVerify:
     def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd=0):
         vec = self.v4 and t % 16 == 0
         vec_q = vec and bool(qc) and not qi and qc % 16 == 0
-        self.run.go((t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec, vec_q))
+        self.run.go((t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec, vec_q, nd))
 
 
 class LazyVerify(_OneKernelVerify):
     """verify_lazy / verify_lazy_r64 (check="lazy"): the tests, the candidate rows' totals
-    and chunk sums, the walk and the residual / bonus draw in one launch."""
+    and chunk sums, the walk and the residual / bonus draw in one launch; with num_drafts
+    (``nd``) a request's tests and bonus row follow its count."""
 
     def __init__(self, batch, k1, v, w, nsm, greedy=False):
         vt = routes.lazy_tile(v, batch, nsm)
@@ -308,7 +309,7 @@ class LazyVerify(_OneKernelVerify):
                            routes.rgrid(nt, batch), (256,), (
             *_VIN, I32[w], I32[k1 - 1], I32[v], I32[nt], *_KEYVARS, _KFMT, *_ptrs(bufs[:4]),
             I32[min(routes.LAZY_LIST_CAP, v)], *_VOUT, _ptrs(bufs[4:])[0], I32[vt],
-            I32[int(batch <= routes.LAZY_PREFETCH_MAX_BATCH)], _VVEC, _VVECQ, I32[batch]),
+            I32[int(batch <= routes.LAZY_PREFETCH_MAX_BATCH)], _VVEC, _VVECQ, I32[batch], _VND),
             _VERIFY_NAMES, bufs)
 
 

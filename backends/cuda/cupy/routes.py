@@ -160,12 +160,15 @@ def dense_tile(v, batch, nsm):
 def verify_route(batch, k1, v, nsm, greedy, lazy, ragged=False):
     """The verify kernels of a call: "lazy" (verify_lazy / _r64), "one_launch" or
     "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given;
-    ``ragged``: num_drafts given (read by the two launches only, which skip every
-    row beyond a request's count)."""
-    if greedy or ragged:
+    ``ragged``: num_drafts given (read by verify_lazy and the two launches, which skip
+    every row beyond a request's count; verify_one_launch validates every row, so a
+    ragged check=False call takes the two launches)."""
+    if greedy:
         return "two_launch"
     if lazy and v <= LAZY_MAX_V:
         return "lazy"
+    if ragged:
+        return "two_launch"
     return "one_launch" if one_launch_tile(v, batch, k1, nsm) else "two_launch"
 
 

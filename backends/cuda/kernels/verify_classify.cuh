@@ -107,18 +107,19 @@ struct LzShared {
 };
 
 
-/* lz_tests (verify_lazy, verify_one_launch): classify the k tests of request b
- * (warp per test; the key in lane 0 of warps < k) into s.P / c / d / cls / code and
+/* lz_tests (verify_lazy, verify_one_launch): classify the n tests of request b
+ * (n = its draft count, 0 <= n <= k; k the row stride: k + 1 target rows and k q rows
+ * per request) (warp per test; the key in lane 0 of warps < n) into s.P / c / d / cls / code and
  * check each draft id and q row (dc_draft_check: s.qbad, and q(d) from the same pass
  * over a sparse row), then the request's code s.rq (DRAFT_OUT_OF_RANGE when a draft id
  * lies outside [0, V), else Q_INVALID when a q row breaks a Dyadic rule, else 0) and the
  * candidate rows s.cand[0..n): the AMB tests before the first REJ / BAD test, then
- * that REJ row (or the bonus row k when no REJ / BAD comes first).  The same in every
+ * that REJ row (or the bonus row n when no REJ / BAD comes first).  The same in every
  * block of the request.  Returns n (block-uniform; ends with a __syncthreads). */
 DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k,
-                   int V, int b, const DcKey& key, LzShared& s) {
+                   int n, int V, int b, const DcKey& key, LzShared& s) {
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, k1 = k + 1;
-  for (int i = wid; i < k; i += 8) {
+  for (int i = wid; i < n; i += 8) {
     const i64 qrow = (i64)b * k + i;
     const int d = draft[qrow];
     const bool inr = d >= 0 && d < V;
@@ -145,21 +146,21 @@ DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int
   /* 2. the request's code and the candidate rows (the same in every block of the request) */
   if (tid == 0) {
     int rq = 0;
-    for (int i = 0; i < k; ++i) {
+    for (int i = 0; i < n; ++i) {
       if (s.code[i] == DY_ST_DRAFT_OUT_OF_RANGE) rq = DY_ST_DRAFT_OUT_OF_RANGE;
       else if (s.qbad[i] && !rq) rq = DY_ST_Q_INVALID;
     }
     s.rq = rq;
-    int n = 0, stop = k;
-    for (int i = 0; i < k; ++i) {
+    int nc = 0, stop = n;
+    for (int i = 0; i < n; ++i) {
       const int cl = s.cls[i];
       if (cl == LZ_ACC) continue;
-      if (cl == LZ_AMB) { s.cand[n++] = i; continue; }
+      if (cl == LZ_AMB) { s.cand[nc++] = i; continue; }
       stop = cl == LZ_REJ ? i : -1;  /* BAD: no residual row */
       break;
     }
-    if (stop >= 0) s.cand[n++] = stop;
-    s.ncand = n;
+    if (stop >= 0) s.cand[nc++] = stop;
+    s.ncand = nc;
   }
   __syncthreads();
   return s.ncand;
@@ -171,16 +172,16 @@ DC_FN int lz_tests(const u32* target, const int* draft, const u32* qc, const int
  * REJ / bonus -> row status.  A target code it meets (TARGET_*: the rows it read)
  * decides; else the request's s.rq (a draft id or q row lz_tests refused) does, before
  * the walk's other results (Q_ZERO_AT_DRAFT, RNG_EXHAUSTED, a residual row): the CPU
- * backend's order on what was read.  Writes tok[0..k] (accepted drafts; -1 from the
- * residual row on, or everywhere on failure), *accepted and *status.  Returns the
+ * backend's order on what was read.  n: the request's draft count (bonus row n).
+ * Writes tok[0..k] (accepted drafts; -1 from the residual row on, or everywhere on failure), *accepted and *status.  Returns the
  * residual row R (*jR its candidate index, *TR its total), or -1 after a failure. */
-DC_FN int lz_walk(const LzShared& s, int k, const DcKey& key, int* tok, int* accepted, int* status,
-                  int* jR, u64* TR) {
+DC_FN int lz_walk(const LzShared& s, int k, int n, const DcKey& key, int* tok, int* accepted,
+                  int* status, int* jR, u64* TR) {
   int code = DY_ST_OK, R = -1, j = 0;
-  for (int i = 0; i <= k; ++i) {
-    if (i == k) {  /* bonus row: the last candidate */
+  for (int i = 0; i <= n; ++i) {
+    if (i == n) {  /* bonus row: the last candidate */
       if (s.rst[j]) code = s.rst[j];
-      else { R = k; *jR = j; *TR = s.T[j]; }
+      else { R = n; *jR = j; *TR = s.T[j]; }
       break;
     }
     const int cl = s.cls[i];

@@ -280,9 +280,10 @@ DC_FN void vf_tile(const u32* trow, const u32* qrow, const u32* qcr, const int* 
 /* Step 3, the last block of request b (see the header): the candidate rows' exact totals
  * and statuses, the walk, the residual row's listed and dirty ids, the draw and the search.
  * s.z holds the tests (lz_tests), key is thread 0's; allrows: every row of the request
- * listed ids (verify_one_launch), so every row's list counter is reset. */
+ * listed ids (verify_one_launch), so every row's list counter is reset; n: the
+ * request's draft count (its bonus row). */
 DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const u32* target,
-                   const u32* qc, const int* qi, int W, int k, int V, int nt, u64* tpart,
+                   const u32* qc, const int* qi, int W, int k, int n, int V, int nt, u64* tpart,
                    u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
                    int* status, int vt, int b) {
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -326,7 +327,7 @@ DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const
   VF_CLK(1);
   if (tid == 0) {
     int jR = 0; u64 TR = 0;
-    s.R = lz_walk(s.z, k, key, tokens + (i64)b * k1, accepted + b, status + b, &jR, &TR);
+    s.R = lz_walk(s.z, k, n, key, tokens + (i64)b * k1, accepted + b, status + b, &jR, &TR);
     s.jR = jR; s.TR = TR;
   }
   __syncthreads();
@@ -336,7 +337,7 @@ DC_FN void vf_last(VfShared& s, const DcKey& key, int ncand, bool allrows, const
     acnt[(i64)b * k1 + (allrows ? j : s.z.cand[j])] = 0;
   if (R < 0) return;
   const u64 T = s.TR;
-  const bool bonus = R == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
+  const bool bonus = R == n, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
   const i64 row = (i64)b * k1 + R;
   const u64* trR = tpart + row * nt * VF_TREC;
   u64* rch = rchunk + 2 * row * nch;
@@ -467,31 +468,42 @@ DC_FN void vf_kernel(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows, const int* nd) {
   __shared__ VfShared s;
   const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   if (b >= nrows) return;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
+  /* the request's draft count (num_drafts, bounds-checked before anything is read with it;
+   * outside [0, k] the request fails closed with NUM_DRAFTS_INVALID) */
+  const int nraw = nd ? __ldg(&nd[b]) : k;
+  if (nraw < 0 || nraw > k) {
+    if (dc_elect_last(&cnt[b], (u32)nt, &s.z.is_last) && tid == 0) {
+      for (int q = 0; q <= k; ++q) tokens[(i64)b * k1 + q] = -1;
+      accepted[b] = 0; status[b] = DY_ST_NUM_DRAFTS_INVALID;
+    }
+    return;
+  }
+  const int n = nraw;
   VF_PROF_START();
   VF_STAMP(tile == 0, 0);
   DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;
-  if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  if (lane == 0 && (wid < n || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   const int lo = tile * vt, hi = min(V, lo + vt);
   if (pre) {  /* small batches: row 0 (and its dense q row) into L2 while the tests run */
     const u32* t0 = target + (i64)b * k1 * V;
     const int nl = (hi - lo + 31) / 32;  /* 128-byte lines of the tile */
     if (tid < nl) {
       asm volatile("prefetch.global.L2 [%0];" :: "l"(t0 + lo + tid * 32));
-      if (qc && !qi && k > 0) asm volatile("prefetch.global.L2 [%0];" :: "l"(qc + (i64)b * k * V + lo + tid * 32));
+      if (qc && !qi && n > 0) asm volatile("prefetch.global.L2 [%0];" :: "l"(qc + (i64)b * k * V + lo + tid * 32));
     }
   }
   /* 1. the tests and the candidate rows */
-  const int ncand = lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
+  const int ncand = lz_tests(target, draft, qc, qi, W, k, n, V, b, key, s.z);
   VF_STAMP(tile == 0, 1);
   /* 2. one pass over each candidate row's tile */
   for (int j = 0; j < ncand; ++j) {
     const int i = s.z.cand[j];
-    const bool bonus = i == k, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
+    const bool bonus = i == n, dense = !bonus && qc && !qi, sparse = !bonus && qc && qi;
     const i64 row = (i64)b * k1 + i;
     vf_tile(target + row * V, dense ? qc + ((i64)b * k + i) * V : 0,
             sparse ? qc + ((i64)b * k + i) * W : 0, sparse ? qi + ((i64)b * k + i) * W : 0, W,
@@ -507,7 +519,7 @@ DC_FN void vf_kernel(
   if (!last) return;
   VF_STAMP(true, 8);
   VF_PROF_LAST();
-  vf_last(s, key, ncand, false, target, qc, qi, W, k, V, nt, tpart, rchunk, alist, acnt, acap,
+  vf_last(s, key, ncand, false, target, qc, qi, W, k, n, V, nt, tpart, rchunk, alist, acnt, acap,
           accepted, tokens, status, vt, b);
 }
 
@@ -519,16 +531,16 @@ extern "C" __global__ void __launch_bounds__(256, 3) verify_lazy(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows, const int* nd) {
   vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
-            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows);
+            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows, nd);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) verify_lazy_r64(
     const u32* target, const int* draft, const u32* qc, const int* qi, int W, int k, int V, int nt,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* tpart, u64* rchunk, u64* alist, u32* acnt, int acap, int* accepted, int* tokens,
-    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows) {
+    int* status, u32* cnt, int vt, int pre, int vec, int vec_q, int nrows, const int* nd) {
   vf_kernel(target, draft, qc, qi, W, k, V, nt, kseed, kgen, krnd, kpos, kfmt, tpart, rchunk,
-            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows);
+            alist, acnt, acap, accepted, tokens, status, cnt, vt, pre, vec, vec_q, nrows, nd);
 }

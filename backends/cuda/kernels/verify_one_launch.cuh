@@ -119,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) verify_one_launch(
   if (x == 0) {  /* the tests */
     VF_STAMP(true, 0);
     if (lane == 0 && (wid < k || tid == 0)) key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-    lz_tests(target, draft, qc, qi, W, k, V, b, key, s.z);
+    lz_tests(target, draft, qc, qi, W, k, k, V, b, key, s.z);
     vf_put_tests(s.z, k, tz);
     VF_STAMP(true, 1);
   } else {  /* row i, tile t: step 2 */
@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) verify_one_launch(
     __syncthreads();
   }
   if (vf_validate(s, k, nt, tpart, acnt, accepted, tokens, status, b)) return;
-  vf_last(s, key, s.z.ncand, true, target, qc, qi, W, k, V, nt, tpart, rchunk, alist, acnt,
+  vf_last(s, key, s.z.ncand, true, target, qc, qi, W, k, k, V, nt, tpart, rchunk, alist, acnt,
           acap, accepted, tokens, status, vt, b);
 }
 
