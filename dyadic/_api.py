@@ -28,6 +28,13 @@ _TENSOR = [_NoTensor]  # torch.Tensor once torch is imported (never imported her
 _DEVICE = []  # [dyadic._device] once a GPU array was seen
 
 
+def _no_device_logits(what):
+    """The GPU call path has no route for the sampling-parameter primitives yet."""
+    raise _backend.BackendUnavailable(
+        f"{what}: not available for GPU arrays (the cuda backend has no kernels for it); "
+        f"pass host arrays to backend 'cpu', 'reference' or 'numba'")
+
+
 def _gpu():
     """dyadic._device (imported on first use: it needs torch)."""
     if not _DEVICE:
@@ -153,10 +160,10 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         check = _validate.check_mode(check)
     filtered = _filtered(top_k, top_p, min_p)
     if _on_device(backend, x):  # GPU path (dyadic/_device.py)
-        extra = {} if not filtered else dict(top_p=top_p, min_p=min_p)
+        if filtered:
+            _no_device_logits("allocate with top_p, min_p or a per-row top_k")
         return _gpu().allocate(x, logits=logits, temperature=temperature, bias=bias,
-                               top_k=top_k, policy=policy, backend=backend, check=check, out=out,
-                               **extra)
+                               top_k=top_k, policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(x)
@@ -293,9 +300,10 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
         check = _validate.check_mode(check)
     filtered = _filtered(top_k, top_p, min_p)
     if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
-        extra = {} if not filtered else dict(top_p=top_p, min_p=min_p)
+        if filtered:
+            _no_device_logits("propose with top_p, min_p or a per-row top_k")
         return _gpu().propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
-                              policy=policy, backend=backend, check=check, out=out, **extra)
+                              policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
     be = _backend.get(backend)
     kind = _arrays.kind_of(logits)
@@ -446,10 +454,10 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         raise ValueError("temperature/top_k/top_p/min_p: apply only to target logits "
                          "(logits=True); target probabilities are used as given")
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
-        extra = {} if not logits else dict(logits=True, temperature=temperature,
-                                           top_k=top_k, top_p=top_p, min_p=min_p)
+        if logits:
+            _no_device_logits("verify(logits=True)")
         return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
-                             check=check, out=out, num_drafts=num_drafts, **extra)
+                             check=check, out=out, num_drafts=num_drafts)
     be = _backend.get(backend)
     if logits and not be.has_logits_verify:
         raise _backend.BackendUnavailable(

@@ -47,7 +47,7 @@ PY
       tests/gpu/test_gpu_streams.py tests/gpu/test_gpu_bench_timing.py \
       tests/gpu/test_gpu_large_batch.py tests/gpu/test_launch_pack.py \
       tests/gpu/test_cuda_routes.py tests/gpu/test_device_host_tensor.py \
-      tests/gpu/test_gpu_ragged.py tests/gpu/test_cuda_verify_logits.py \
+      tests/gpu/test_gpu_ragged.py tests/gpu/test_gpu_logits_unavailable.py \
       tests/bench/test_gpu_cases.py tests/cpu/test_fail_closed_rows.py \
       tests/cpu/test_memory_safety.py tests/cpu/test_dyadic_ownership.py \
       tests/cpu/test_trusted_results.py tests/cpu/test_import_light.py 2>&1 | tail -${TAIL:-40}
