@@ -80,6 +80,7 @@ PY
       stamp "A/B run $side$i"
       PYTHONPATH=/tmp/ab/$side timeout ${AB_T:-150} python3 dyadic/bench/gpu.py \
           --label $side$i --out "$OUT/ab" --reps ${AB_REPS:-100} --batch ${BATCH:-1,4,16,64} \
+          --cases "${CASES:-}" \
           2>&1 | tail -3
       echo "A/B $side$i exit: $?"
       files="$files $OUT/ab/gpu-$side$i.json"
