@@ -21,15 +21,20 @@ So a request's tokens are a function of its own prompt, seed, generation and
 the models' logits only: never of the batch it ran in, its index in that
 batch, the backend, or earlier calls.
 
-Forward passes.  Each forward recomputes the whole sequence without a KV cache
-(correctness first; the cost is quadratic in the length, fine for the short
-generations this module is meant for).  The requests of a batch are
-right-padded to a common length and run as one batch without an attention
-mask: causal attention never lets a position see the padding after it, and
-each request keeps positions 0, 1, ... of its own tokens.  dyadic makes the
-sampling exact and reproducible given the logits; whether a model's logits
-are bitwise identical across batch shapes is the engine's business (on the CPU
-they are in the tests; on GPUs, batch-invariant kernels are needed for that).
+Forward passes.  Each request's sequence runs through the model alone (batch 1,
+its exact length: no padding, no attention mask) and without a KV cache: every
+forward recomputes the whole sequence (correctness first; the cost is
+quadratic in the length, fine for the short generations this module is
+for); requests with identical sequences share one forward.  The reason is
+exactness: dyadic's decisions are a pure function of the logits' bits, and a
+forward over a padded batch gives a request's logits that differ in their last
+bits with the batch's shape (on the CPU as on GPUs), which changes draws
+(verification draws below the exact row total of the target's probabilities,
+so a one-ulp change can change a draw).  Logits computed alone are a function
+of the request's tokens only, so the output does not depend on the batch.
+dyadic makes the sampling exact and reproducible given the logits; the
+logits' bits themselves (machine, library versions, thread settings, device
+kernels) are the engine's business.
 
 ``import dyadic.integrations.transformers`` imports neither torch nor
 transformers; the functions raise ImportError naming the extra
@@ -317,17 +322,27 @@ def _context_limit(model):
 
 def _logit_rows(model, seqs, starts, n):
     """The model's logits at positions ``starts[b] .. starts[b] + n - 1`` of each
-    sequence: float tensor [B, n, V] on the model's device (one right-padded forward)."""
+    sequence: float32 tensor [B, n, V] on the model's device.
+
+    Each distinct sequence runs alone (batch 1, its exact length, no padding):
+    its logits are a function of its own tokens, never of the other requests
+    (forwards of different batch shapes differ in the last bits of the logits,
+    and dyadic's decisions read every bit).  Requests whose sequences are
+    identical share that one forward: the same computation, the same bits.
+    """
     torch, _ = transformers_stack()
     device = next(model.parameters()).device
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, :len(s)] = torch.tensor(s, dtype=torch.long)
+    done = {}
+    rows = []
     with torch.inference_mode():
-        logits = model(input_ids=ids.to(device)).logits
-    index = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(n)[None, :]
-    return logits[torch.arange(len(seqs))[:, None], index.to(device)].float()
+        for s, start in zip(seqs, starts):
+            key = tuple(s)
+            logits = done.get(key)
+            if logits is None:
+                ids = torch.tensor([s], dtype=torch.long, device=device)
+                logits = done[key] = model(input_ids=ids).logits[0]
+            rows.append(logits[int(start):int(start) + n])
+    return torch.stack(rows).float()
 
 
 def _on_backend(x, backend):

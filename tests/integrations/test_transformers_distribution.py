@@ -19,7 +19,7 @@ scipy_stats = pytest.importorskip("scipy.stats")
 torch = pytest.importorskip("torch")
 
 PREFIX = tiny_models.encode("    return ")
-N = 3000
+N = 4000
 
 
 def next_token_dist(model, seqs, temperature, top_k=None):

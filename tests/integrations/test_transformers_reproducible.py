@@ -41,7 +41,7 @@ def test_sample_same_on_cpu_and_reference_backends(tiny_pair):
 @pytest.mark.parametrize("fn", ["generate", "sample"])
 def test_tokens_do_not_depend_on_batch_composition_or_retry(tiny_pair, fn):
     target, draft = tiny_pair
-    kw = dict(max_new_tokens=24, temperature=1.0, top_k=64)
+    kw = dict(max_new_tokens=64, temperature=1.0, top_k=64)
 
     def run(prompts, seeds, **extra):
         if fn == "generate":
