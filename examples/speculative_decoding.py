@@ -124,10 +124,14 @@ def main():
     ap.add_argument("--recipe", choices=["example", "test"], default="example",
                     help="the model pair (test: the smaller pair the test suite trains)")
     ap.add_argument("--cache-dir", default=None, help="weights cache (default: user cache)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for generation (models this small run fastest on one)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import torch
     import transformers
+
+    torch.set_num_threads(args.threads)
 
     recipe = tiny_models.EXAMPLE_RECIPE if args.recipe == "example" else tiny_models.TEST_RECIPE
     start = time.perf_counter()
@@ -186,7 +190,7 @@ def main():
         "draft_parameters": draft.num_parameters(), "model_load_or_train_s": load_s,
         "num_drafts": args.num_drafts, "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "draft_temperature": args.draft_temperature,
-        "top_k": args.top_k, "backend": args.backend, "seeds": seeds,
+        "top_k": args.top_k, "backend": args.backend, "seeds": seeds, "threads": args.threads,
         "versions": {"dyadic": dyadic.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__,
                      "python": platform.python_version()},
