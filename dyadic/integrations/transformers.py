@@ -366,12 +366,14 @@ def _run(model, assistant, input_ids, attention_mask, max_new_tokens, k, seed, g
     batch = len(prompts)
     seeds = _per_request(seed, "seed", batch, 2**64 - 1)
     gens = _per_request(generation, "generation", batch, 2**32 - 1).astype(np.uint32)
-    longest = max((len(p) for p in prompts), default=0) + max_new_tokens + k
+    # the longest forward: a prompt, all but the last new token, then k drafts
+    longest = max((len(p) for p in prompts), default=0) + max(max_new_tokens - 1, 0) + k
     for m, name in ((model, "model"), (assistant, "assistant_model")):
         limit = None if m is None else _context_limit(m)
         if limit is not None and longest > limit:
-            raise ValueError(f"max_new_tokens: the longest prompt + max_new_tokens + num_drafts "
-                             f"= {longest} exceeds {name}'s context of {limit} positions")
+            raise ValueError(f"max_new_tokens: the longest prompt + max_new_tokens - 1 + "
+                             f"num_drafts = {longest} exceeds {name}'s context of {limit} "
+                             f"positions")
     seqs = [list(p) for p in prompts]
     new = [[] for _ in range(batch)]
     live = [max_new_tokens > 0] * batch

@@ -98,3 +98,30 @@ def test_sample_first_two_tokens_follow_the_target_distribution(tiny_pair):
     toks = np.array(out.new_tokens)
     assert chi_square_pvalue(toks[:, 0], p1) > 1e-3
     assert chi_square_pvalue(toks[:, 1], p2) > 1e-3
+
+
+def test_the_chi_square_test_detects_a_q_other_than_the_one_sampled(tiny_pair, monkeypatch):
+    """Power against the failure class of transformers#47932: drafts drawn at one
+    temperature but verified against the q of another inflate acceptance and bias
+    the output, and the test above rejects that output."""
+    import dyadic
+
+    target, draft = tiny_pair
+    temperature, top_k, draft_temperature, draft_top_k, k = CASES[0]
+    p1, _ = first_two_dists(target, temperature, top_k)
+    seeds = list(range(10_000, 10_000 + N))
+    kw = dict(max_new_tokens=2, num_drafts=k, seed=seeds, temperature=temperature,
+              draft_temperature=draft_temperature, draft_top_k=draft_top_k)
+    right = dyt.generate(target, draft, [PREFIX] * N, **kw)
+    propose = dyadic.propose
+
+    def propose_reporting_another_q(logits, keys, *, temperature, **options):
+        tokens, _ = propose(logits, keys, temperature=temperature, **options)
+        _, q = propose(logits, keys, temperature=1.0, **options)
+        return tokens, q
+
+    monkeypatch.setattr(dyadic, "propose", propose_reporting_another_q)
+    wrong = dyt.generate(target, draft, [PREFIX] * N, **kw)
+    assert (wrong.stats.acceptance_by_position()[0]
+            > right.stats.acceptance_by_position()[0] + 0.05)
+    assert chi_square_pvalue(np.array(wrong.new_tokens)[:, 0], p1) < 1e-6

@@ -146,3 +146,21 @@ def test_bad_arguments_raise_naming_the_argument(tiny_pair):
             dyt.sample(target, p, max_new_tokens=4, seed=[1, 2])
     finally:
         target.eval()
+
+
+def test_context_limit_is_the_longest_forward(tiny_pair):
+    target, draft = tiny_pair
+    limit = target.config.n_positions
+    prompt = [32] * (limit - 10)
+    # the longest forward is the prompt, max_new_tokens - 1 new tokens, then k drafts
+    out = dyt.generate(target, draft, [prompt], max_new_tokens=8, num_drafts=3, seed=1)
+    assert len(out.new_tokens[0]) == 8
+    with pytest.raises(ValueError, match="exceeds model's context"):
+        dyt.generate(target, draft, [prompt], max_new_tokens=9, num_drafts=3, seed=1)
+
+
+def test_zero_new_tokens(tiny_pair):
+    target, draft = tiny_pair
+    out = dyt.generate(target, draft, ids(*PROMPTS[:2]), max_new_tokens=0, seed=[1, 2])
+    assert out.new_tokens == [[], []] and out.stats.rounds.tolist() == [0, 0]
+    assert out.tokens().shape == (2, 0)
