@@ -234,7 +234,10 @@ def generate(model, assistant_model, input_ids, *, max_new_tokens, num_drafts=4,
     params = SamplingParams(temperature, top_k, top_p, min_p)
     if draft_temperature is None:
         draft_temperature = temperature
-    SamplingParams(draft_temperature, draft_top_k)  # same rules for the draft side
+    try:  # the same rules on the draft side, the error naming the draft argument
+        SamplingParams(draft_temperature, draft_top_k)
+    except ValueError as exc:
+        raise ValueError(f"draft_{exc}") from None
     return _run(model, assistant_model, input_ids, attention_mask, max_new_tokens, num_drafts,
                 seed, generation, params, draft_temperature, draft_top_k, eos_token_id, backend)
 

@@ -134,6 +134,10 @@ def test_bad_arguments_raise_naming_the_argument(tiny_pair):
         dyt.generate(target, draft, p, max_new_tokens=4, num_drafts=0, seed=[1, 2])
     with pytest.raises(ValueError, match="temperature"):
         dyt.sample(target, p, max_new_tokens=4, seed=[1, 2], temperature=-1.0)
+    with pytest.raises(ValueError, match="draft_temperature: expected a finite number"):
+        dyt.generate(target, draft, p, max_new_tokens=4, seed=[1, 2], draft_temperature=-0.5)
+    with pytest.raises(ValueError, match="draft_top_k: expected an int >= 1"):
+        dyt.generate(target, draft, p, max_new_tokens=4, seed=[1, 2], draft_top_k=0)
     with pytest.raises(ValueError, match="top_p"):
         dyt.sample(target, p, max_new_tokens=4, seed=[1, 2], top_p=0.0)
     with pytest.raises(ValueError, match="input_ids: row 0: empty prompt"):
