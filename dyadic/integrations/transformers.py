@@ -68,7 +68,8 @@ class SamplingParams:
 
     def __post_init__(self):
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t >= 0 and t < float("inf")):
+        if (isinstance(t, bool) or not isinstance(t, (int, float))
+                or not (t >= 0 and t < float("inf"))):
             raise ValueError(f"temperature: expected a finite number >= 0, got {t!r}")
         k = self.top_k
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -283,9 +284,10 @@ def _prompts(input_ids, attention_mask):
         if not r:
             raise ValueError(f"input_ids: row {b}: empty prompt (a causal LM needs at least "
                              f"one token to condition on)")
-        if not all(isinstance(t, int) and t >= 0 for t in r):
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
+                   for t in r):
             raise ValueError(f"input_ids: row {b}: token ids must be non-negative ints")
-    return rows
+    return [[int(t) for t in r] for r in rows]
 
 
 def _per_request(value, name, batch, hi):
@@ -359,11 +361,12 @@ def _host_ints(x):
 
 def _run(model, assistant, input_ids, attention_mask, max_new_tokens, k, seed, generation,
          params, draft_temperature, draft_top_k, eos_token_id, backend):
-    torch, _ = transformers_stack()
+    transformers_stack()  # ImportError naming the extra before anything else
     _check_model(model, "model")
     if assistant is not None:
         _check_model(assistant, "assistant_model")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0):
         raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
     prompts = _prompts(input_ids, attention_mask)
     batch = len(prompts)

@@ -26,7 +26,8 @@ def test_recipe_key_covers_every_field():
     pytest.importorskip("transformers")
     base = tiny_models.recipe_key(MICRO)
     changed = [dataclasses.replace(MICRO, steps=4), dataclasses.replace(MICRO, seed=1),
-               dataclasses.replace(MICRO, lr=1e-3), dataclasses.replace(MICRO, corpus=("heapq.py",)),
+               dataclasses.replace(MICRO, lr=1e-3),
+               dataclasses.replace(MICRO, corpus=("heapq.py",)),
                dataclasses.replace(MICRO, target=dataclasses.replace(MICRO.target, n_embd=32))]
     keys = {tiny_models.recipe_key(r) for r in changed}
     assert base not in keys and len(keys) == len(changed)

@@ -85,7 +85,8 @@ def test_greedy_speculation_equals_target_greedy(tiny_pair, draft_temperature):
     plain = dyt.sample(target, prompts, max_new_tokens=n, seed=[9, 9, 9, 9], temperature=0.0)
     assert spec.new_tokens == plain.new_tokens
     for p, got in zip(prompts, spec.new_tokens):  # transformers' own greedy search agrees
-        hf = target.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+        hf = target.generate(torch.tensor([p]),
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long),
                              max_new_tokens=n, do_sample=False)
         assert hf[0, len(p):].tolist() == got
 
@@ -140,6 +141,10 @@ def test_bad_arguments_raise_naming_the_argument(tiny_pair):
         dyt.generate(target, draft, p, max_new_tokens=4, seed=[1, 2], draft_top_k=0)
     with pytest.raises(ValueError, match="top_p"):
         dyt.sample(target, p, max_new_tokens=4, seed=[1, 2], top_p=0.0)
+    with pytest.raises(ValueError, match="input_ids: row 1: token ids must be non-negative"):
+        dyt.sample(target, [[1], [2, -3]], max_new_tokens=4, seed=[1, 2])
+    with pytest.raises(ValueError, match="attention_mask: row 0: values must be 0 or 1"):
+        dyt.sample(target, [[1, 2]], attention_mask=[[1, 2]], max_new_tokens=4, seed=1)
     with pytest.raises(ValueError, match="input_ids: row 0: empty prompt"):
         dyt.sample(target, [[], [1]], max_new_tokens=4, seed=[1, 2])
     with pytest.raises(ValueError, match="exceeds model's context"):
