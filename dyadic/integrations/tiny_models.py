@@ -114,9 +114,10 @@ def build(shape):
     config = transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=shape.n_positions, n_embd=shape.n_embd,
         n_layer=shape.n_layer, n_head=shape.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        loss_type="ForCausalLM")
-    return transformers.GPT2LMHeadModel(config)
+        attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the loss train() uses (transformers' causal-LM loss)
+    return model
 
 
 def _progress(total, desc, enabled):
