@@ -1,0 +1,1 @@
+"""Adapters between dyadic and inference engines (import-light: no engine is imported)."""
