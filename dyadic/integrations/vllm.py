@@ -1,4 +1,4 @@
-"""vLLM's rejection-sampler layout in, vLLM's output layout out, dyadic's exact verification in between.
+"""vLLM's rejection-sampler layout in and out, dyadic's exact verification in between.
 
 vLLM (v1) verifies a batch of B requests whose drafts are held flat:
 

@@ -425,3 +425,14 @@ def test_draft_q_shape_errors():
     padded_q = dyadic.stack([q4[0:3], q4[1:4]])  # (2, 3) but max_spec_len is 2
     with pytest.raises(ValueError, match=r"draft_probs: batch shape \(2, 3\)"):
         rejection_sample(**{**args, "draft_probs": padded_q, "max_spec_len": 2})
+
+
+def test_import_is_light():
+    """The adapter imports neither vLLM nor torch nor a GPU library."""
+    import subprocess
+    import sys
+    code = ("import sys, dyadic.integrations.vllm; "
+            "bad = [m for m in ('vllm', 'torch', 'cupy', 'numba') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
