@@ -160,18 +160,22 @@ PARAMS = dict(temperature=np.array([1.0, 0.0, 0.7, 1.3, 0.0, 1.0]),
               min_p=np.array([0.0, 0.0, 0.0, 0.05, 0.0, 0.2], np.float32))
 
 
-@pytest.mark.parametrize("top_k_q", [None, 8])
-def test_random_equals_padded_verify(backend, top_k_q):
-    """Mixed greedy (temperature 0) and random requests of lengths 3, 0, 4, 1, 2, 4:
-    the adapter is verify(num_drafts=n, logits=True) on the padded batch, bit for bit;
-    greedy requests emit the argmax chain."""
+@pytest.mark.parametrize("q_kind", ["dense", "sparse", "point-mass"])
+def test_random_equals_padded_verify(backend, q_kind):
+    """Mixed greedy (temperature 0) and random requests of lengths 3, 0, 4, 1, 2, 4,
+    drafts from a recorded dense or sparse q or point masses (n-gram: draft_probs
+    None): the adapter is verify(num_drafts=n, logits=True) on the padded batch, bit
+    for bit; greedy requests emit the argmax chain."""
     rng = np.random.default_rng(5)
     n = [3, 0, 4, 1, 2, 4]
-    ids, q, target = random_batch(rng, n, backend, top_k=top_k_q)
+    ids, q, target = random_batch(rng, n, backend, top_k=8 if q_kind == "sparse" else None)
     k = max(n)
     got = rejection_sample(draft_token_ids=ids, num_draft_tokens=n, target_logits=target,
-                           draft_probs=q, keys=keys_for(6), backend=backend, **PARAMS)
+                           draft_probs=None if q_kind == "point-mass" else q,
+                           keys=keys_for(6), backend=backend, **PARAMS)
     draft, tgt, qp = padded(n, ids, target, q, k)
+    if q_kind == "point-mass":
+        qp = None
     want = dyadic.verify(tgt, draft, qp, keys_for(6), num_drafts=np.array(n), logits=True,
                          backend=backend, **PARAMS)
     assert np.array_equal(got, want.tokens)
@@ -339,6 +343,25 @@ def test_torch_inputs(backend):
                            keys=keys_for(3), temperature=torch.ones(3), backend=backend)
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int32
     assert np.array_equal(got.numpy(), want)
+
+
+def test_bfloat16_torch_logits_and_preallocated_output(backend):
+    """vLLM's bfloat16 logits give the tokens of their exact float32 values; a
+    preallocated ``out["tokens"]`` (vLLM's output buffer) is written and returned."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    n = [1, 3, 2]
+    ids, q, target = random_batch(rng, n, backend)
+    x = torch.from_numpy(target).to(torch.bfloat16)
+    want = rejection_sample(draft_token_ids=ids, num_draft_tokens=n, draft_probs=q,
+                            target_logits=x.float().numpy(), keys=keys_for(3),
+                            temperature=0.9, backend=backend)
+    buf = torch.full((3, 4), 7, dtype=torch.int32)
+    got = rejection_sample(draft_token_ids=torch.from_numpy(ids), num_draft_tokens=n,
+                           draft_probs=q, target_logits=x, keys=keys_for(3), temperature=0.9,
+                           backend=backend, out={"tokens": buf})
+    assert got is buf
+    assert np.array_equal(buf.numpy(), want)
 
 
 def test_check_false_fails_one_request_closed(backend):
