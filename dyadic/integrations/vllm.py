@@ -240,8 +240,9 @@ def _spec_len(max_spec_len, n, q, b):
             raise TypeError(f"max_spec_len: expected an int, got "
                             f"{type(max_spec_len).__name__}")
         k = int(max_spec_len)
+    where = " (the padded width of draft_probs)" if padded and max_spec_len is None else ""
     _first_bad(n > k, "num_draft_tokens",
-               f"a request's number of drafts exceeds max_spec_len = {k}")
+               f"a request's number of drafts exceeds max_spec_len = {k}{where}")
     if q is not None:
         flat = (int(n.sum()),)
         if q.batch_shape not in (flat, (b, k)):

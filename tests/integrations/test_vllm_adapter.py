@@ -459,3 +459,14 @@ def test_import_is_light():
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_padded_q_width_bounds_the_drafts():
+    """Without max_spec_len the width of a padded q is the output width: a request
+    with more drafts raises naming it."""
+    rng = np.random.default_rng(14)
+    _, q4 = draft_with_dyadic(rng, [2, 2], "reference")
+    narrow = dyadic.stack([q4[0:2]], axis=1)  # (2, 1)
+    with pytest.raises(ValueError, match=r"num_draft_tokens: row 0: .* max_spec_len = 1 "
+                                         r"\(the padded width of draft_probs\)"):
+        rejection_sample(**{**base_args(), "draft_probs": narrow})
