@@ -448,8 +448,9 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
         check = _validate.check_mode(check, lazy=True)
     if logits is not True and logits is not False:
         raise TypeError(f"logits: expected True or False, got {logits!r}")
-    if not logits and not (temperature is None or (np.ndim(temperature) == 0
-                                                   and temperature == 1.0)
+    if not logits and not ((temperature is None or (type(temperature) is float
+                                                    and temperature == 1.0)
+                            or (np.ndim(temperature) == 0 and temperature == 1.0))
                            and top_k is None and top_p is None and min_p is None):
         raise ValueError("temperature/top_k/top_p/min_p: apply only to target logits "
                          "(logits=True); target probabilities are used as given")
