@@ -1448,6 +1448,35 @@ DY_FUNC int32_t dy_bonus_token_host(const uint32_t *row, uint32_t vocab, uint64_
     return -1;
 }
 
+/* Rules 2-4 of verify's kernel checks for the k drafts of one request
+ * (docs/semantics.md section 6): every draft id in [0, vocab)
+ * (DRAFT_OUT_OF_RANGE); for non-greedy requests every q row (a sparse row in full,
+ * a dense row at its draft: Q_INVALID), then q_i(d_i) > 0 (Q_ZERO_AT_DRAFT).
+ * q_counts NULL: point-mass q. */
+DY_FUNC int dy_check_drafts_and_q(const int32_t *draft, uint32_t k, uint32_t vocab, int greedy,
+                                  const uint32_t *q_counts, const int32_t *q_ids,
+                                  uint32_t width) {
+    uint32_t i;
+    for (i = 0; i < k; i++)
+        if (draft[i] < 0 || (uint32_t)draft[i] >= vocab) return DY_ST_DRAFT_OUT_OF_RANGE;
+    if (!greedy && q_counts) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts + (uint64_t)i * width;
+            if (q_ids ? !dy_sparse_row_valid(qc, q_ids + (uint64_t)i * width, width, vocab)
+                      : qc[draft[i]] > DY_TOTAL)
+                return DY_ST_Q_INVALID;
+        }
+    }
+    if (!greedy) {
+        for (i = 0; i < k; i++) {
+            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
+            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
+            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
+        }
+    }
+    return DY_ST_OK;
+}
+
 /* One request of verify.  target: float32 bits [(k+1), V]; draft [k];
  * q_counts [k, W] or NULL (point mass); q_ids [k, W] or NULL (dense, W = V);
  * tokens [k+1]; ws: dy_verify_host_ws_words words (no zero-fill requirement).
@@ -1475,23 +1504,8 @@ DY_FUNC int dy_verify_row_host(const uint32_t *target, const int32_t *draft,
         st = dy_target_row_total(target + (uint64_t)i * vocab, vocab, &totals[i]);
         if (st) return st;
     }
-    for (i = 0; i < k; i++)
-        if (draft[i] < 0 || (uint32_t)draft[i] >= vocab) return DY_ST_DRAFT_OUT_OF_RANGE;
-    if (!greedy && q_counts) {
-        for (i = 0; i < k; i++) {
-            const uint32_t *qc = q_counts + (uint64_t)i * width;
-            if (q_ids ? !dy_sparse_row_valid(qc, q_ids + (uint64_t)i * width, width, vocab)
-                      : qc[draft[i]] > DY_TOTAL)
-                return DY_ST_Q_INVALID;
-        }
-    }
-    if (!greedy) {
-        for (i = 0; i < k; i++) {
-            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
-            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
-            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
-        }
-    }
+    st = dy_check_drafts_and_q(draft, k, vocab, greedy, q_counts, q_ids, width);
+    if (st) return st;
     for (i = 0; i < k; i++) {
         const uint32_t *row = target + (uint64_t)i * vocab;
         const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
@@ -1956,23 +1970,8 @@ DY_FUNC int dy_verify_logits_row_host(const float *target, const int32_t *draft,
         if (st) return st;
         args[i] = (uint64_t)a;
     }
-    for (i = 0; i < k; i++)
-        if (draft[i] < 0 || (uint32_t)draft[i] >= vocab) return DY_ST_DRAFT_OUT_OF_RANGE;
-    if (!greedy && q_counts) {
-        for (i = 0; i < k; i++) {
-            const uint32_t *qc = q_counts + (uint64_t)i * width;
-            if (q_ids ? !dy_sparse_row_valid(qc, q_ids + (uint64_t)i * width, width, vocab)
-                      : qc[draft[i]] > DY_TOTAL)
-                return DY_ST_Q_INVALID;
-        }
-    }
-    if (!greedy) {
-        for (i = 0; i < k; i++) {
-            const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
-            const int32_t *qi = q_ids ? q_ids + (uint64_t)i * width : DY_NULL;
-            if (dy_q_count(qc, qi, width, draft[i], draft[i]) == 0) return DY_ST_Q_ZERO_AT_DRAFT;
-        }
-    }
+    st = dy_check_drafts_and_q(draft, k, vocab, greedy, q_counts, q_ids, width);
+    if (st) return st;
     for (i = 0; i < k; i++) {
         const uint64_t *p = pall + (uint64_t)i * vocab;
         const uint32_t *qc = q_counts ? q_counts + (uint64_t)i * width : DY_NULL;
