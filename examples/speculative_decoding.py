@@ -12,8 +12,9 @@ writes ``summary.json`` and ``speculative.png`` to the output directory.
 
 Run: python examples/speculative_decoding.py [--out speculative-out] [--num-drafts 4]
 
-Needs ``pip install 'dyadic[transformers]'`` (torch, transformers); matplotlib
-for the plot and tqdm for progress bars are used where installed.  No download:
+Needs ``pip install 'dyadic[examples]'`` (torch, transformers, matplotlib for the
+plot, tqdm for progress bars; with only ``dyadic[transformers]`` it runs without
+the plot and prints plain progress lines).  No download:
 the models are trained in-process (a minute or two on 2 CPU cores, once; the
 weights are cached, see dyadic.integrations.tiny_models).
 """
