@@ -252,7 +252,7 @@ def cases(inp):
 
     # a failure in work every rank does on gathered data, on one rank only
     def merged_fail():
-        with _Patch(_core, "weight_from_gap", _raiser(ArithmeticError("injected merge")),
+        with _Patch(_core._host_kernels(), "merge", _raiser(ArithmeticError("injected merge")),
                     active=rank == last):
             inp.propose()
     add("ArithmeticError in the merged allocation (last rank)", merged_fail,
