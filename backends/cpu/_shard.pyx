@@ -145,12 +145,14 @@ def merge(const int32_t[:, :, ::1] g, bint has_bias, int k, const double[::1] te
                 alloc_status[b] = st
 
 
-def target_summary(target, const int64_t[:, ::1] draft, qshard, Py_ssize_t offset,
-                   Py_ssize_t vocab, int64_t[:, :, ::1] f, int32_t[::1] status):
+def target_summary(target, const int64_t[:, ::1] draft, qshard, const uint8_t[::1] greedy,
+                   Py_ssize_t offset, Py_ssize_t vocab, int64_t[:, :, ::1] f,
+                   int32_t[::1] status):
     """Round-1 summaries of this shard (dy_shard_target_summary) for every
     (request, position): target float32 [B, k+1, n], draft int64 [B, k]
     (global ids), qshard uint32 [B, k, n] (this rank's DyadicShard counts) or
-    None; f int64 [B, k+1, 9]; status int32 [B] (a bad draft id or shard)."""
+    None, greedy uint8 [B] (the argmax fields are computed for greedy requests
+    only); f int64 [B, k+1, 9]; status int32 [B] (a bad draft id or shard)."""
     cdef const uint32_t[:, :, ::1] t = target.view(np.uint32)
     cdef Py_ssize_t b, i, B = t.shape[0], K1 = t.shape[1], n = t.shape[2], K = K1 - 1
     cdef const uint32_t[:, :, ::1] qv
@@ -164,6 +166,7 @@ def target_summary(target, const int64_t[:, ::1] draft, qshard, Py_ssize_t offse
     _shape("draft", (draft.shape[0], draft.shape[1]), (B, K))
     _shape("f", (f.shape[0], f.shape[1], f.shape[2]), (B, K1, DY_SHARD_SUMMARY))
     _shape("status", (status.shape[0],), (B,))
+    _shape("greedy", (greedy.shape[0],), (B,))
     if hasq:
         qv = qshard
         _shape("qshard", (qv.shape[0], qv.shape[1], qv.shape[2]), (B, K, n))
@@ -177,7 +180,7 @@ def target_summary(target, const int64_t[:, ::1] draft, qshard, Py_ssize_t offse
                     qp = &qv[b, i, 0]
                 st = dy_shard_target_summary(&t[b, i, 0] if n else NULL, <uint32_t>n,
                                              <uint32_t>offset, <uint32_t>vocab, d, qp,
-                                             &f[b, i, 0])
+                                             greedy[b], &f[b, i, 0])
                 if st and not status[b]:
                     status[b] = st
 
@@ -275,6 +278,8 @@ def residual_mass(target, const int32_t[::1] draw_at, q_dense, Py_ssize_t q_offs
     _shape("mass", (mass.shape[0], mass.shape[1]), (B, 3))
     cdef uint32_t[::1] qloc = np.zeros(max(n, 1), np.uint32)
     cdef const uint32_t *qp
+    cdef const uint32_t[:, :, ::1] qc
+    cdef const int32_t[:, :, ::1] qi
     cdef int j
     for b in range(B):
         mass[b, 0] = mass[b, 1] = mass[b, 2] = 0
@@ -283,6 +288,14 @@ def residual_mass(target, const int32_t[::1] draw_at, q_dense, Py_ssize_t q_offs
             continue
         if j > K:
             raise ValueError(f"draw_at: row {b}: {j} is not in [-1, k={K}]")
+        if j < K and n and q_counts is not None and q_counts.shape[2]:
+            qc = q_counts
+            qi = q_ids
+            with nogil:
+                dy_shard_residual_mass_sparse(&t[b, j, 0], &qc[b, j, 0], &qi[b, j, 0],
+                                              <uint32_t>qc.shape[2], <uint32_t>offset,
+                                              <uint32_t>n, total[b, j], &qloc[0], &mass[b, 0])
+            continue
         qp = _q_row(q_dense, q_offset, q_counts, q_ids, b, j, K, offset, n, qloc)
         with nogil:
             dy_shard_residual_mass(&t[b, j, 0] if n else NULL, qp, <uint32_t>n, total[b, j],

@@ -27,7 +27,7 @@ cdef extern from "dyadic_shard.h" nogil:
                            int32_t *token, uint32_t *counts, int32_t *ids, uint64_t *ws)
     int dy_shard_target_summary(const uint32_t *bits, uint32_t n, uint32_t offset,
                                 uint32_t vocab, int64_t draft, const uint32_t *qshard,
-                                int64_t *f)
+                                int argmax, int64_t *f)
     int dy_shard_verify_check(const int64_t *f, uint64_t stride, uint32_t world, uint32_t k,
                               const uint32_t *cd, int greedy, uint64_t *total, uint64_t *pd,
                               int32_t *best)
@@ -40,5 +40,8 @@ cdef extern from "dyadic_shard.h" nogil:
                           uint32_t offset, uint32_t n, uint32_t *out)
     void dy_shard_residual_mass(const uint32_t *bits, const uint32_t *q, uint32_t n,
                                 uint64_t total, int bonus, int64_t *mass)
+    void dy_shard_residual_mass_sparse(const uint32_t *bits, const uint32_t *qc,
+                                       const int32_t *qi, uint32_t width, uint32_t offset,
+                                       uint32_t n, uint64_t total, uint32_t *ws, int64_t *mass)
     int32_t dy_shard_residual_find(const uint32_t *bits, const uint32_t *q, uint32_t n,
                                    uint64_t total, int bonus, dy_u128 x)

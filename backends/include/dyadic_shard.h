@@ -136,6 +136,18 @@ DY_FUNC int dy_shard_topk_row(const float *x, const float *bias, double temperat
         cg[j] = -1;
     }
     if (!dy_shard_valid(offset, n, vocab) || k == 0) return DY_ST_SHARD_INVALID;
+#if !defined(DY_CUDA)
+    {
+        /* without a bias: the block-maximum prefilter of the unsharded top-k (it
+         * declines rows with NaN / +inf or without a finite z; those take the
+         * exact path below) */
+        double zmax;
+        uint32_t arg;
+        if (!bias && dy_topk_logits_host(x, temperature, n, k, hk, hid, &size, &zmax, &arg))
+            goto done;
+        size = 0;
+    }
+#endif
     for (v0 = 0; v0 < n; v0 += DY_BLOCK) {
         uint32_t nb = n - v0 < DY_BLOCK ? n - v0 : DY_BLOCK, bad = 0, hit = 0;
         dy_logits_block(x + v0, bias ? bias + v0 : DY_NULL, temperature, nb, zb);
@@ -156,6 +168,9 @@ DY_FUNC int dy_shard_topk_row(const float *x, const float *bias, double temperat
             }
         }
     }
+#if !defined(DY_CUDA)
+done:
+#endif
     dy_sort_u32(hid, size);
     for (j = 0; j < size; j++) {
         uint32_t v = hid[j];
@@ -277,39 +292,48 @@ DY_FUNC int dy_shard_merge_row(const int32_t *cx, const int32_t *cb, const int32
  * f[0] invalid-value flag, f[1] / f[2] sums of P >> 32 and P & (2**32 - 1)
  * over the shard (P = floor(p 2**62), 0 at an invalid value), f[3] the
  * largest |p| bit pattern and f[4] the global id of its first occurrence
- * (both -1 for an empty shard), and when draft (a global id, -1: none) lies
+ * (both -1 for an empty shard or without `argmax`: only greedy requests use
+ * them), and when draft (a global id, -1: none) lies
  * in the shard: f[5] / f[6] = P_d >> 32 / P_d & (2**32 - 1) and f[7] =
  * qshard[d - offset] (qshard: this shard's counts [n], or NULL); f[8] = the
  * sum of qshard (0 without).  bits: float32 bit patterns [n].  Returns
  * DY_ST_SHARD_INVALID (shard outside [0, vocab)), DY_ST_DRAFT_OUT_OF_RANGE
  * (draft outside [-1, vocab)) with f all 0, else DY_ST_OK. */
-DY_FUNC int dy_shard_target_summary(const uint32_t *bits, uint32_t n, uint32_t offset,
-                                    uint32_t vocab, int64_t draft, const uint32_t *qshard,
-                                    int64_t *f) {
+DY_HOT int dy_shard_target_summary(const uint32_t *bits, uint32_t n, uint32_t offset,
+                                   uint32_t vocab, int64_t draft, const uint32_t *qshard,
+                                   int argmax, int64_t *f) {
     uint64_t hi = 0, lo = 0, qs = 0;
     uint32_t v, bad = 0, best = 0, arg = 0;
     for (v = 0; v < DY_SHARD_SUMMARY; v++) f[v] = 0;
     if (!dy_shard_valid(offset, n, vocab)) return DY_ST_SHARD_INVALID;
     if (draft < -1 || draft >= (int64_t)vocab) return DY_ST_DRAFT_OUT_OF_RANGE;
+    /* one branch-free (vectorisable) pass: limb sums and the invalid flag */
     for (v = 0; v < n; v++) {
-        uint32_t b = bits[v], mag = b & 0x7FFFFFFFu;
+        uint32_t b = bits[v];
         uint32_t inv = (uint32_t)(b > 0x3F800000u) & (uint32_t)(b != 0x80000000u);
-        uint64_t p = dy_target_fixed_fast(b) & (0ull - (uint64_t)(inv ^ 1u));
+        uint64_t p = dy_target_fixed_fast(b) & ((uint64_t)inv - 1u);
         bad |= inv;
         hi += p >> 32;
         lo += p & 0xFFFFFFFFu;
-        if (mag > best) {
-            best = mag;
-            arg = v;
+    }
+    if (argmax) { /* the largest |p| bits, then its first occurrence */
+        for (v = 0; v < n; v++) {
+            uint32_t mag = bits[v] & 0x7FFFFFFFu;
+            best = mag > best ? mag : best;
         }
+        for (v = 0; v < n; v++)
+            if ((bits[v] & 0x7FFFFFFFu) == best) {
+                arg = v;
+                break;
+            }
     }
     if (qshard)
         for (v = 0; v < n; v++) qs += qshard[v];
     f[0] = (int64_t)bad;
     f[1] = (int64_t)hi;
     f[2] = (int64_t)lo;
-    f[3] = n ? (int64_t)best : -1;
-    f[4] = n ? (int64_t)(offset + arg) : -1;
+    f[3] = n && argmax ? (int64_t)best : -1;
+    f[4] = n && argmax ? (int64_t)(offset + arg) : -1;
     if (draft >= (int64_t)offset && draft < (int64_t)offset + (int64_t)n) {
         uint32_t b = bits[draft - offset];
         uint64_t p = dy_target_bits_valid(b) ? dy_target_fixed_fast(b) : 0;
@@ -433,17 +457,76 @@ DY_FUNC void dy_shard_q_local(const uint32_t *qc, const int32_t *qi, uint32_t wi
  * all 0) or, with bonus, P_v itself.  mass[0..3) = the sums of R & (2**32 -
  * 1), R >> 32 & (2**32 - 1) and R >> 64 (exact; the limbs of every R_v are
  * summed separately).  bits: float32 [n] (an invalid value counts as P = 0). */
-DY_FUNC void dy_shard_residual_mass(const uint32_t *bits, const uint32_t *q, uint32_t n,
-                                    uint64_t total, int bonus, int64_t *mass) {
+DY_HOT void dy_shard_residual_mass(const uint32_t *bits, const uint32_t *q, uint32_t n,
+                                   uint64_t total, int bonus, int64_t *mass) {
     uint64_t s0 = 0, s1 = 0, s2 = 0;
     uint32_t v;
-    for (v = 0; v < n; v++) {
-        uint32_t b = bits[v];
-        uint64_t p = dy_target_bits_valid(b) ? dy_target_fixed_fast(b) : 0;
-        dy_u128 r = bonus ? dy_from64(p) : dy_residual(p, q ? q[v] : 0u, total);
-        s0 += r.lo & 0xFFFFFFFFu;
-        s1 += r.lo >> 32;
-        s2 += r.hi;
+    if (bonus || !q) { /* P or P 2**24: no subtraction, a vectorisable pass */
+        const int sh = bonus ? 0 : DY_TOTAL_BITS;
+        for (v = 0; v < n; v++) {
+            uint32_t b = bits[v];
+            uint32_t inv = (uint32_t)(b > 0x3F800000u) & (uint32_t)(b != 0x80000000u);
+            uint64_t p = dy_target_fixed_fast(b) & ((uint64_t)inv - 1u);
+            uint64_t lo = p << sh;
+            s0 += lo & 0xFFFFFFFFu;
+            s1 += lo >> 32;
+            s2 += sh ? p >> (64 - sh) : 0u;
+        }
+    } else {
+        for (v = 0; v < n; v++) {
+            uint32_t b = bits[v];
+            uint64_t p = dy_target_bits_valid(b) ? dy_target_fixed_fast(b) : 0;
+            dy_u128 r = dy_residual(p, q[v], total);
+            s0 += r.lo & 0xFFFFFFFFu;
+            s1 += r.lo >> 32;
+            s2 += r.hi;
+        }
+    }
+    mass[0] = (int64_t)s0;
+    mass[1] = (int64_t)s1;
+    mass[2] = (int64_t)s2;
+}
+
+/* dy_shard_residual_mass (no bonus) with a sparse q row (global ids [width],
+ * counts [width]), the same three limb sums: the pass without q, then for
+ * each id of q in the shard its term P_v 2**24 replaced by R_v (exact
+ * modulo 2**64, and every final sum is the true one).  Ids that are not
+ * strictly ascending inside the shard (never in a validated Dyadic) take
+ * the dense path: ws (n words) receives dy_shard_q_local. */
+DY_FUNC void dy_shard_residual_mass_sparse(const uint32_t *bits, const uint32_t *qc,
+                                           const int32_t *qi, uint32_t width, uint32_t offset,
+                                           uint32_t n, uint64_t total, uint32_t *ws,
+                                           int64_t *mass) {
+    int64_t prev = -1;
+    uint64_t s0, s1, s2;
+    uint32_t j;
+    for (j = 0; j < width; j++) {
+        int64_t id = qi[j];
+        if (id < (int64_t)offset || id >= (int64_t)offset + (int64_t)n) continue;
+        if (id <= prev) {
+            dy_shard_q_local(qc, qi, width, offset, n, ws);
+            dy_shard_residual_mass(bits, ws, n, total, 0, mass);
+            return;
+        }
+        prev = id;
+    }
+    dy_shard_residual_mass(bits, DY_NULL, n, total, 0, mass);
+    s0 = (uint64_t)mass[0];
+    s1 = (uint64_t)mass[1];
+    s2 = (uint64_t)mass[2];
+    for (j = 0; j < width; j++) {
+        int64_t id = qi[j];
+        uint32_t b;
+        uint64_t p, full;
+        dy_u128 r;
+        if (id < (int64_t)offset || id >= (int64_t)offset + (int64_t)n) continue;
+        b = bits[id - (int64_t)offset];
+        p = dy_target_bits_valid(b) ? dy_target_fixed_fast(b) : 0;
+        full = p << DY_TOTAL_BITS;
+        r = dy_residual(p, qc[j], total);
+        s0 += (r.lo & 0xFFFFFFFFu) - (full & 0xFFFFFFFFu);
+        s1 += (r.lo >> 32) - (full >> 32);
+        s2 += r.hi - (p >> (64 - DY_TOTAL_BITS));
     }
     mass[0] = (int64_t)s0;
     mass[1] = (int64_t)s1;

@@ -715,7 +715,8 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
     sk = _host_kernels()
     f = np.empty((batch, k1, 9), dtype=np.int64)
     status = np.empty(batch, dtype=np.int32)
-    sk.target_summary(t, d, qc if qkind == 3 else None, off, v, f, status)
+    g8 = g.astype(np.uint8)
+    sk.target_summary(t, d, qc if qkind == 3 else None, g8, off, v, f, status)
     _status.raise_for_status(status)
     gf = np.ascontiguousarray(
         comm.all_gather(f, then=gather_plan((batch, 3)) if live else closing)[order])
@@ -730,7 +731,6 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
     cd = _q_at_drafts(qkind, qc, qi, d, gf)
     # validation and acceptance: pure functions of (T, P_d, c_d, argmax, keys) that every
     # rank now holds
-    g8 = g.astype(np.uint8)
     total = np.empty((batch, k1), dtype=np.uint64)
     pd = np.empty((batch, k), dtype=np.uint64)
     best = np.empty((batch, k1), dtype=np.int32)

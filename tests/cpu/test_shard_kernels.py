@@ -208,9 +208,11 @@ def test_shape_and_shard_errors_name_the_argument():
     t = np.zeros((2, 3, 5), np.float32)
     f = np.empty((2, 3, 9), np.int64)
     with pytest.raises(ValueError, match="vocab_offset"):
-        sk.target_summary(t, np.zeros((2, 2), np.int64), None, 6, 10, f, np.empty(2, np.int32))
+        sk.target_summary(t, np.zeros((2, 2), np.int64), None, np.zeros(2, np.uint8), 6, 10, f,
+                          np.empty(2, np.int32))
     with pytest.raises(ValueError, match="draft"):
-        sk.target_summary(t, np.zeros((2, 3), np.int64), None, 0, 10, f, np.empty(2, np.int32))
+        sk.target_summary(t, np.zeros((2, 3), np.int64), None, np.zeros(2, np.uint8), 0, 10, f,
+                          np.empty(2, np.int32))
 
 
 # ----------------------------------------------------------------------------- verify
@@ -237,7 +239,7 @@ def test_target_summary_matches_reference():
         qs = np.ascontiguousarray(q[..., lo:hi])
         f = np.empty((b, k + 1, 9), np.int64)
         st = np.empty(b, np.int32)
-        sk.target_summary(ts, draft, qs, lo, v, f, st)
+        sk.target_summary(ts, draft, qs, np.array([1, 0, 1], np.uint8), lo, v, f, st)
         assert (st == 0).all()
         bits = ts.view(np.uint32)
         for r in range(b):
@@ -248,8 +250,8 @@ def test_target_summary_matches_reference():
                 mags = [bb & 0x7FFFFFFF for bb in row]
                 want = [int(not all(valid)), sum(x >> 32 for x in p),
                         sum(x & 0xFFFFFFFF for x in p),
-                        max(mags) if mags else -1,
-                        lo + mags.index(max(mags)) if mags else -1, 0, 0, 0, 0]
+                        max(mags) if mags and r != 1 else -1,
+                        lo + mags.index(max(mags)) if mags and r != 1 else -1, 0, 0, 0, 0]
                 if i < k:
                     d = int(draft[r, i])
                     if lo <= d < hi:
@@ -266,11 +268,12 @@ def test_target_summary_fails_closed_on_bad_draft():
     draft = np.array([[1, 2], [v, 0], [-5, 1]], np.int64)
     f = np.empty((b, k + 1, 9), np.int64)
     st = np.empty(b, np.int32)
-    sk.target_summary(t, draft, None, 0, v, f, st)
+    sk.target_summary(t, draft, None, np.ones(b, np.uint8), 0, v, f, st)
     assert st.tolist() == [0, _status.DRAFT_OUT_OF_RANGE, _status.DRAFT_OUT_OF_RANGE]
     assert (f[1, 0] == 0).all() and (f[2, 0] == 0).all()
     good = np.empty((1, k + 1, 9), np.int64)
-    sk.target_summary(t[:1], draft[:1], None, 0, v, good, np.empty(1, np.int32))
+    sk.target_summary(t[:1], draft[:1], None, np.ones(1, np.uint8), 0, v, good,
+                      np.empty(1, np.int32))
     assert (f[0] == good[0]).all()
 
 
@@ -319,11 +322,13 @@ def test_residual_mass_and_find_match_reference():
 
 def test_sparse_q_scatter_skips_foreign_and_padding_ids():
     rng = np.random.default_rng(10)
-    b, k, v = 2, 1, 12
+    b, k, v = 3, 1, 12
     t = _target(rng, b, k + 1, v)
     lo, hi = 4, 8
     ts = np.ascontiguousarray(t[..., lo:hi])
-    qi = np.array([[[-1, 2, 5, 7, 11, 2**31 - 1]], [[-2**31, 4, 5, 6, 7, 8]]], np.int32)
+    # row 2: not ascending, a repeated id (the last count wins, as a dense scatter)
+    qi = np.array([[[-1, 2, 5, 7, 11, 2**31 - 1]], [[-2**31, 4, 5, 6, 7, 8]],
+                   [[7, 5, 5, 6, -1, 4]]], np.int32)
     qc = rng.integers(1, 2**20, qi.shape).astype(np.uint32)
     total = np.full((b, k + 1), 2**62, np.uint64)
     mass = np.empty((b, 3), np.int64)
@@ -347,7 +352,8 @@ def _sharded_verify(t, draft, q, keys, greedy, cuts):
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         f = np.empty((b, k1, 9), np.int64)
         st = np.empty(b, np.int32)
-        sk.target_summary(np.ascontiguousarray(t[..., lo:hi]), draft, None, lo, v, f, st)
+        sk.target_summary(np.ascontiguousarray(t[..., lo:hi]), draft, None,
+                          greedy.astype(np.uint8), lo, v, f, st)
         assert (st == 0).all()
         fs.append(f)
     gf = np.ascontiguousarray(np.stack(fs))
@@ -435,7 +441,7 @@ def test_verify_check_reports_the_reference_status():
     cd = np.full((b, k), TOTAL, np.uint32)
     cd[2, 1] = 0
     f = np.empty((b, k + 1, 9), np.int64)
-    sk.target_summary(t, draft, None, 0, v, f, np.empty(b, np.int32))
+    sk.target_summary(t, draft, None, np.zeros(b, np.uint8), 0, v, f, np.empty(b, np.int32))
     status = np.empty(b, np.int32)
     sk.verify_check(np.ascontiguousarray(f[None]), cd, np.zeros(b, np.uint8),
                     np.empty((b, k + 1), np.uint64), np.empty((b, k), np.uint64),
