@@ -533,17 +533,52 @@ DY_FUNC void dy_shard_residual_mass_sparse(const uint32_t *bits, const uint32_t 
     mass[2] = (int64_t)s2;
 }
 
+/* R_v of dy_shard_residual_mass at one id. */
+DY_FUNC dy_u128 dy_shard_residual_at(uint32_t b, const uint32_t *q, uint32_t v, uint64_t total,
+                                     int bonus) {
+    uint64_t p = dy_target_bits_valid(b) ? dy_target_fixed_fast(b) : 0;
+    return bonus ? dy_from64(p) : dy_residual(p, q ? q[v] : 0u, total);
+}
+
 /* The local index of the first v whose running sum of R_v (as in
- * dy_shard_residual_mass) is > x, or -1 if the shard's mass is <= x. */
-DY_FUNC int32_t dy_shard_residual_find(const uint32_t *bits, const uint32_t *q, uint32_t n,
-                                       uint64_t total, int bonus, dy_u128 x) {
+ * dy_shard_residual_mass) is > x, or -1 if the shard's mass is <= x.
+ * Blocks of DY_BLOCK ids: a block where q is 0 is summed by a vectorisable
+ * pass (R_v = P_v 2**24, or P_v for the bonus), other blocks exactly id by
+ * id; only the block where the running sum passes x is scanned. */
+DY_HOT int32_t dy_shard_residual_find(const uint32_t *bits, const uint32_t *q, uint32_t n,
+                                      uint64_t total, int bonus, dy_u128 x) {
     dy_u128 acc = dy_from64(0);
-    uint32_t v;
-    for (v = 0; v < n; v++) {
-        uint32_t b = bits[v];
-        uint64_t p = dy_target_bits_valid(b) ? dy_target_fixed_fast(b) : 0;
-        acc = dy_add128(acc, bonus ? dy_from64(p) : dy_residual(p, q ? q[v] : 0u, total));
-        if (dy_lt128(x, acc)) return (int32_t)v;
+    uint32_t v0, j;
+    for (v0 = 0; v0 < n; v0 += DY_BLOCK) {
+        uint32_t nb = n - v0 < DY_BLOCK ? n - v0 : DY_BLOCK, qor = 0;
+        dy_u128 bs, next;
+        if (q && !bonus)
+            for (j = 0; j < nb; j++) qor |= q[v0 + j];
+        if (!qor) {
+            uint64_t s_lo = 0, s_hi = 0; /* limb sums of P (< 2**38 each) */
+            for (j = 0; j < nb; j++) {
+                uint32_t b = bits[v0 + j];
+                uint32_t inv = (uint32_t)(b > 0x3F800000u) & (uint32_t)(b != 0x80000000u);
+                uint64_t p = dy_target_fixed_fast(b) & ((uint64_t)inv - 1u);
+                s_lo += p & 0xFFFFFFFFu;
+                s_hi += p >> 32;
+            }
+            bs = dy_add128(dy_shl128(dy_from64(s_hi), 32), dy_from64(s_lo));
+            if (!bonus) bs = dy_shl128(bs, DY_TOTAL_BITS);
+        } else {
+            bs = dy_from64(0);
+            for (j = 0; j < nb; j++)
+                bs = dy_add128(bs, dy_shard_residual_at(bits[v0 + j], q, v0 + j, total, bonus));
+        }
+        next = dy_add128(acc, bs);
+        if (dy_lt128(x, next)) {
+            for (j = 0; j < nb; j++) {
+                acc = dy_add128(acc, dy_shard_residual_at(bits[v0 + j], q, v0 + j, total, bonus));
+                if (dy_lt128(x, acc)) return (int32_t)(v0 + j);
+            }
+            return -1; /* unreachable: the block's exact sum passed x */
+        }
+        acc = next;
     }
     return -1;
 }

@@ -448,3 +448,44 @@ def test_verify_check_reports_the_reference_status():
                     np.empty((b, k + 1), np.int32), status)
     assert status.tolist() == [_status.TARGET_INVALID_VALUE, _status.TARGET_SUM,
                                _status.Q_ZERO_AT_DRAFT, 0]
+
+
+@pytest.mark.parametrize("bonus", [False, True])
+def test_residual_find_over_many_blocks_matches_reference(bonus):
+    """Shards of several blocks of 64 ids, sparse q: blocks without q, blocks with q, and
+    draws at block boundaries."""
+    rng = np.random.default_rng(13)
+    b, k, v = 2, 1, 300
+    t = _target(rng, b, k + 1, v)
+    t[0, 0, 64:128] = 0.0  # a block of zero mass
+    qi = np.array([[[3, 70, 131, 200, 263, 299]], [[-1, -1, 5, 6, 64, 65]]], np.int32)
+    qc = rng.integers(1, 2**23, qi.shape).astype(np.uint32)
+    total = np.full((b, k + 1), 2**62 + 12345, np.uint64)
+    j = k if bonus else 0
+    lo, hi = 7, 300
+    ts = np.ascontiguousarray(t[..., lo:hi])
+    for r in range(b):
+        dense = [0] * (hi - lo)
+        for i, c in zip(qi[r, 0].tolist(), qc[r, 0].tolist()):
+            if lo <= i < hi:
+                dense[i - lo] = c
+        res = _residual_rows(ts.view(np.uint32)[r, j].tolist(), dense, int(total[r, j]), bonus)
+        cum = np.cumsum(np.array(res, dtype=object))
+        xs = [0, int(cum[63]) - 1, int(cum[63]), int(cum[64]), int(cum[130]), int(cum[-1]) - 1,
+              int(cum[-1]), int(cum[-1]) // 2]
+        for x in xs:
+            one = np.full(b, -1, np.int32)
+            one[r] = j
+            tok = np.empty(b, np.int64)
+            sk.residual_find(ts, one, None, 0, qc, qi, lo, total,
+                             np.full(b, x >> 64, np.uint64), np.full(b, x & (2**64 - 1), np.uint64),
+                             tok)
+            want = -1 if x >= int(cum[-1]) else lo + sampling.first_exceeding(res, x)
+            assert tok[r] == want, (r, x)
+        mass = np.empty((b, 3), np.int64)
+        one = np.full(b, -1, np.int32)
+        one[r] = j
+        sk.residual_mass(ts, one, None, 0, qc, qi, lo, total, mass)
+        assert mass[r].tolist() == [sum(x & 0xFFFFFFFF for x in res),
+                                    sum((x >> 32) & 0xFFFFFFFF for x in res),
+                                    sum(x >> 64 for x in res)]
