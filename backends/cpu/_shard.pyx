@@ -358,32 +358,39 @@ def residual_find(target, const int32_t[::1] draw_at, q_dense, Py_ssize_t q_offs
             token[b] = offset + v
 
 
-def correction_draw(const uint64_t[::1] n_hi, const uint64_t[::1] n_lo, const uint64_t[::1] seed,
-                    const uint32_t[::1] generation, const uint32_t[::1] round,
-                    const uint32_t[::1] position, uint64_t[::1] x_hi, uint64_t[::1] x_lo,
+def correction_pick(const int64_t[:, :, ::1] mass, const int32_t[::1] draw_at,
+                    const uint64_t[::1] seed, const uint32_t[::1] generation,
+                    const uint32_t[::1] round, const uint32_t[::1] position,
+                    int32_t[::1] owner, uint64_t[::1] rel_hi, uint64_t[::1] rel_lo,
                     int32_t[::1] status):
-    """X = philox.uniform_below(n, keys, position, CORRECTION, 0) per row with
-    n = n_hi * 2**64 + n_lo >= 1 (rows with n = 0 are skipped: status 0, X 0)."""
-    cdef Py_ssize_t b, B = n_hi.shape[0]
-    cdef uint32_t idx
-    cdef dy_u128 out
-    for name, arr in (("n_lo", n_lo), ("seed", seed), ("generation", generation),
-                      ("round", round), ("position", position), ("x_hi", x_hi),
-                      ("x_lo", x_lo), ("status", status)):
+    """The correction draw of every request with draw_at[b] = j >= 0 from the
+    gathered masses int64 [S, B, 3] (dy_shard_correction_pick at position[b] + j):
+    owner int32 [B] (the shard index in id order; -1 without a draw, -2 when
+    the total mass is 0), X minus the mass before the owner as rel_hi * 2**64
+    + rel_lo, status int32 [B] (RNG_EXHAUSTED)."""
+    cdef Py_ssize_t b, S = mass.shape[0], B = mass.shape[1]
+    cdef dy_u128 rel
+    cdef uint64_t stride = <uint64_t>(B * 3)
+    if S < 1 or mass.shape[2] != 3:
+        raise ValueError(f"mass: shape ({S}, {B}, {mass.shape[2]}) must be (S >= 1, B, 3)")
+    for name, arr in (("draw_at", draw_at), ("seed", seed), ("generation", generation),
+                      ("round", round), ("position", position), ("owner", owner),
+                      ("rel_hi", rel_hi), ("rel_lo", rel_lo), ("status", status)):
         _shape(name, (arr.shape[0],), (B,))
     with nogil:
         for b in range(B):
-            x_hi[b] = 0
-            x_lo[b] = 0
+            owner[b] = -1
+            rel_hi[b] = 0
+            rel_lo[b] = 0
             status[b] = 0
-            if n_hi[b] == 0 and n_lo[b] == 0:
+            if draw_at[b] < 0:
                 continue
-            idx = 0
-            status[b] = dy_uniform_below_u128(dy_make128(n_hi[b], n_lo[b]), seed[b],
-                                              generation[b], round[b], position[b],
-                                              DOMAIN_CORRECTION, &idx, &out)
-            x_hi[b] = out.hi
-            x_lo[b] = out.lo
+            status[b] = dy_shard_correction_pick(&mass[0, b, 0], stride, <uint32_t>S, seed[b],
+                                                 generation[b], round[b],
+                                                 position[b] + <uint32_t>draw_at[b],
+                                                 &owner[b], &rel)
+            rel_hi[b] = rel.hi
+            rel_lo[b] = rel.lo
 
 
 def proposal_tickets(const uint64_t[::1] seed, const uint32_t[::1] generation,

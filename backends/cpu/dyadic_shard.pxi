@@ -45,3 +45,6 @@ cdef extern from "dyadic_shard.h" nogil:
                                        uint32_t n, uint64_t total, uint32_t *ws, int64_t *mass)
     int32_t dy_shard_residual_find(const uint32_t *bits, const uint32_t *q, uint32_t n,
                                    uint64_t total, int bonus, dy_u128 x)
+    int dy_shard_correction_pick(const int64_t *mass, uint64_t stride, uint32_t world,
+                                 uint64_t seed, uint32_t generation, uint32_t round,
+                                 uint32_t position, int32_t *owner, dy_u128 *rel)

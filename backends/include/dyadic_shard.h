@@ -583,4 +583,49 @@ DY_HOT int32_t dy_shard_residual_find(const uint32_t *bits, const uint32_t *q, u
     return -1;
 }
 
+/* The correction draw of one request from the gathered round-2 masses
+ * (mass: shard 0's three limbs, shards `stride` words apart, in id order;
+ * each shard's mass is m[0] + m[1] 2**32 + m[2] 2**64): n = the total,
+ * X = uniform_below(n) (domain CORRECTION at `position`, draw index 0), the
+ * first shard whose cumulative mass exceeds X (*owner; a zero-mass shard
+ * never does) and X minus the mass before it (*rel).  n = 0: *owner = -2 and
+ * DY_ST_OK (the caller refuses it, as the reference's uniform_below does).
+ * Returns DY_ST_OK or DY_ST_RNG_EXHAUSTED. */
+DY_FUNC int dy_shard_correction_pick(const int64_t *mass, uint64_t stride, uint32_t world,
+                                     uint64_t seed, uint32_t generation, uint32_t round,
+                                     uint32_t position, int32_t *owner, dy_u128 *rel) {
+    dy_u128 n = dy_from64(0), x, acc = dy_from64(0);
+    uint32_t s, idx = 0;
+    int st;
+    *owner = -1;
+    *rel = dy_from64(0);
+    for (s = 0; s < world; s++) {
+        const int64_t *m = mass + s * stride;
+        n = dy_add128(n, dy_add128(dy_from64((uint64_t)m[0]),
+                                   dy_add128(dy_shl128(dy_from64((uint64_t)m[1]), 32),
+                                             dy_make128((uint64_t)m[2], 0))));
+    }
+    if (dy_is_zero128(n)) {
+        *owner = -2;
+        return DY_ST_OK;
+    }
+    st = dy_uniform_below_u128(n, seed, generation, round, position, DY_DOMAIN_CORRECTION, &idx,
+                               &x);
+    if (st) return st;
+    for (s = 0; s < world; s++) {
+        const int64_t *m = mass + s * stride;
+        dy_u128 ms = dy_add128(dy_from64((uint64_t)m[0]),
+                               dy_add128(dy_shl128(dy_from64((uint64_t)m[1]), 32),
+                                         dy_make128((uint64_t)m[2], 0)));
+        dy_u128 next = dy_add128(acc, ms);
+        if (dy_lt128(x, next)) {
+            *owner = (int32_t)s;
+            *rel = dy_sub128(x, acc);
+            return DY_ST_OK;
+        }
+        acc = next;
+    }
+    return DY_ST_OK; /* unreachable: X < n */
+}
+
 #endif /* DYADIC_SHARD_H */

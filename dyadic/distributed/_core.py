@@ -7,7 +7,15 @@ step); every decision that needs global information is a pure function of
 data that all ranks hold identically after a collective, so every rank takes
 it identically, and the result equals the unsharded reference bit for bit.
 
-Collectives of a successful call (a failed call adds one error round):
+Each rank's local work runs in the CPU backend's shard kernels
+(``backends/cpu/_shard.pyx`` over ``backends/include/dyadic_shard.h``): the
+shard's top-k candidates, the merge / allocation / draw on the gathered
+candidates, the target summaries, validation and acceptance, the residual
+masses, the correction draw and the owner's search; CUDA tensors are copied
+to the host first.  The dense allocation's weights, floors and radix
+histograms are NumPy on exact uint64 limbs (``_intmath``).
+
+Collectives of a successful call (docs/distributed.md says why each is needed) (a failed call adds one error round):
 
 * propose with ``top_k``: 3 (header, candidates, closing).
 * dense propose: header, candidates, weight sums, floor sums (with the first
@@ -323,9 +331,10 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     bias : this rank's slice of the bias ([n] or [B, n]), or None.
     vocab_offset, vocab_size : the slice's first global id and the full V.
     group : torch.distributed process group (default: the default group).
-    The local math is vectorised NumPy on the host plus the reference's row
-    helpers on the merged candidates (there is no ``backend`` argument: no
-    backend kernel runs here, whatever the tensors' device).
+    The local math runs in the CPU backend's shard kernels on the host
+    (there is no ``backend`` argument; CUDA tensors are copied to the host),
+    so the compiled CPU backend is required (``BackendUnavailable``
+    otherwise, on every rank).
     check : True or False (identical on every rank; checked).  True: the
         closing round also compares the sampled tokens and fails on every rank
         if ranks disagree.
@@ -752,33 +761,18 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
         qargs = _q_kernel_args(qkind, qc, qi, d, off)
         mass = np.empty((batch, 3), dtype=np.int64)
         sk.residual_mass(t, draw_at, *qargs, off, total, mass)
-        gm = comm.all_gather(mass, then=reduce_plan((batch,), "max"))[order]
-        shard = [[int(a) + (int(c) << 32) + (int(e) << 64) for a, c, e in gm[:, b].tolist()]
-                 for b in range(batch)]
-        tot = [sum(m) if draw_at[b] >= 0 else 0 for b, m in enumerate(shard)]
-        for b in rows:
-            if tot[b] == 0:  # the reference's uniform_below refuses n = 0 the same way
-                raise ValueError(f"uniform_below: n={tot[b]} out of range [1, 2**128)")
-        n_hi = np.array([x >> 64 for x in tot], dtype=np.uint64)
-        n_lo = np.array([x & ((1 << 64) - 1) for x in tot], dtype=np.uint64)
-        x_hi, x_lo = np.empty(batch, dtype=np.uint64), np.empty(batch, dtype=np.uint64)
-        pos_j = (pos + np.maximum(draw_at, 0).astype(np.uint32)).astype(np.uint32)
-        sk.correction_draw(n_hi, n_lo, seed, gen, rnd, pos_j, x_hi, x_lo, status)
+        gm = comm.all_gather(mass, then=reduce_plan((batch,), "max"))
+        gm = np.ascontiguousarray(gm[order])
+        # X = uniform_below(total mass) and its owner: the first shard whose cumulative
+        # mass exceeds X (a zero-mass shard never does); the same on every rank
+        owner = np.empty(batch, dtype=np.int32)
+        rel_hi, rel_lo = np.empty(batch, dtype=np.uint64), np.empty(batch, dtype=np.uint64)
+        sk.correction_pick(gm, draw_at, seed, gen, rnd, pos, owner, rel_hi, rel_lo, status)
+        if (owner == -2).any():  # the reference's uniform_below refuses n = 0 the same way
+            raise ValueError("uniform_below: n=0 out of range [1, 2**128)")
         _status.raise_for_status(status)
-        # the owner of each draw: the first shard whose cumulative mass exceeds X (a
-        # zero-mass shard never does)
-        mine = np.full(batch, -1, dtype=np.int32)
-        rel_hi, rel_lo = np.zeros(batch, dtype=np.uint64), np.zeros(batch, dtype=np.uint64)
-        for b in rows:
-            x = (int(x_hi[b]) << 64) | int(x_lo[b])
-            acc = 0
-            for s, m in enumerate(shard[b]):
-                if acc + m > x:
-                    if order[s] == comm.rank:
-                        mine[b] = draw_at[b]
-                        rel_hi[b], rel_lo[b] = (x - acc) >> 64, (x - acc) & ((1 << 64) - 1)
-                    break
-                acc += m
+        ranks = np.asarray(order, dtype=np.int64)[np.maximum(owner, 0)]
+        mine = np.where((owner >= 0) & (ranks == comm.rank), draw_at, -1).astype(np.int32)
         local = np.empty(batch, dtype=np.int64)
         sk.residual_find(t, mine, *qargs, off, total, rel_hi, rel_lo, local)
         if ((mine >= 0) & (local < 0)).any():

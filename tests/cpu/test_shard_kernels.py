@@ -382,27 +382,20 @@ def _sharded_verify(t, draft, q, keys, greedy, cuts):
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         m = np.empty((b, 3), np.int64)
         sk.residual_mass(np.ascontiguousarray(t[..., lo:hi]), draw_at, *qargs, lo, total, m)
-        masses.append([int(a) + (int(c) << 32) + (int(e) << 64) for a, c, e in m.tolist()])
-    tot = [sum(ms[r] for ms in masses) for r in range(b)]
-    x_hi, x_lo = np.empty(b, np.uint64), np.empty(b, np.uint64)
-    pos_j = (kb[3] + np.maximum(draw_at, 0).astype(np.uint32)).astype(np.uint32)
-    sk.correction_draw(np.array([x >> 64 for x in tot], np.uint64),
-                       np.array([x & (2**64 - 1) for x in tot], np.uint64),
-                       kb[0], kb[1], kb[2], pos_j, x_hi, x_lo, status)
+        masses.append(m)
+    owner = np.empty(b, np.int32)
+    rel_hi, rel_lo = np.empty(b, np.uint64), np.empty(b, np.uint64)
+    sk.correction_pick(np.ascontiguousarray(np.stack(masses)), draw_at, *kb, owner, rel_hi,
+                       rel_lo, status)
+    assert not status.any() and ((owner >= 0) == (draw_at >= 0)).all()
     for r in np.flatnonzero(draw_at >= 0):
-        x, before = (int(x_hi[r]) << 64) | int(x_lo[r]), 0
-        for s, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
-            if before + masses[s][r] > x:
-                one = np.full(b, -1, np.int32)
-                one[r] = draw_at[r]
-                rel = x - before
-                tok = np.empty(b, np.int64)
-                sk.residual_find(np.ascontiguousarray(t[..., lo:hi]), one, *qargs, lo, total,
-                                 np.full(b, rel >> 64, np.uint64),
-                                 np.full(b, rel & (2**64 - 1), np.uint64), tok)
-                tokens[r, draw_at[r]] = tok[r]
-                break
-            before += masses[s][r]
+        lo, hi = cuts[owner[r]], cuts[owner[r] + 1]
+        one = np.full(b, -1, np.int32)
+        one[r] = draw_at[r]
+        tok = np.empty(b, np.int64)
+        sk.residual_find(np.ascontiguousarray(t[..., lo:hi]), one, *qargs, lo, total,
+                         rel_hi, rel_lo, tok)
+        tokens[r, draw_at[r]] = tok[r]
     return status, acc, tokens
 
 
@@ -489,3 +482,31 @@ def test_residual_find_over_many_blocks_matches_reference(bonus):
         assert mass[r].tolist() == [sum(x & 0xFFFFFFFF for x in res),
                                     sum((x >> 32) & 0xFFFFFFFF for x in res),
                                     sum(x >> 64 for x in res)]
+
+
+def test_correction_pick_matches_reference_draw():
+    """X = philox.uniform_below(total) at position + j, then the first shard whose
+    cumulative mass exceeds X; zero-mass shards are never picked; n = 0 is reported."""
+    from dyadic.reference import philox
+    rng = np.random.default_rng(14)
+    s_, b = 4, 6
+    mass = rng.integers(0, 2**40, (s_, b, 3)).astype(np.int64)
+    mass[:, :, 2] = rng.integers(0, 2**20, (s_, b))
+    mass[1] = 0  # a zero-mass shard
+    mass[:, 5] = 0  # a request with no mass at all
+    draw_at = np.array([0, 3, 1, -1, 2, 0], np.int32)
+    kb = _keys(b, extra=3)
+    owner = np.empty(b, np.int32)
+    rel_hi, rel_lo, status = np.empty(b, np.uint64), np.empty(b, np.uint64), np.empty(b, np.int32)
+    sk.correction_pick(np.ascontiguousarray(mass), draw_at, *kb, owner, rel_hi, rel_lo, status)
+    assert not status.any()
+    assert owner[3] == -1 and owner[5] == -2
+    for r in (0, 1, 2, 4):
+        per = [int(a) + (int(c) << 32) + (int(e) << 64) for a, c, e in mass[:, r].tolist()]
+        key3 = (int(kb[0][r]), int(kb[1][r]), int(kb[2][r]))
+        x, _ = philox.uniform_below(sum(per), key3, int(kb[3][r]) + int(draw_at[r]),
+                                    _spec.DOMAIN_CORRECTION, 0)
+        cum = np.cumsum(np.array(per, dtype=object))
+        want = next(i for i in range(s_) if cum[i] > x)
+        assert owner[r] == want and want != 1
+        assert (int(rel_hi[r]) << 64) + int(rel_lo[r]) == x - (int(cum[want]) - per[want])
