@@ -15,7 +15,8 @@ masses, the correction draw and the owner's search; CUDA tensors are copied
 to the host first.  The dense allocation's weights, floors and radix
 histograms are NumPy on exact uint64 limbs (``_intmath``).
 
-Collectives of a successful call (docs/distributed.md says why each is needed) (a failed call adds one error round):
+Collectives of a successful call (a failed call adds one error round;
+docs/distributed.md says why each is needed):
 
 * propose with ``top_k``: 3 (header, candidates, closing).
 * dense propose: header, candidates, weight sums, floor sums (with the first

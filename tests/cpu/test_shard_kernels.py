@@ -59,7 +59,9 @@ def _logits(rng, b, v, kind):
 def _expected_top(x, bias, t, k, offset):
     """(status, x bits, bias bits, global ids) of one shard row by the reference's order."""
     with np.errstate(all="ignore"):
-        z = x.astype(np.float64) if bias is None else x.astype(np.float64) + bias.astype(np.float64)
+        z = x.astype(np.float64)
+        if bias is not None:
+            z = z + bias.astype(np.float64)
         z = z / t
     bad = np.flatnonzero(np.isnan(z) | (z == np.inf))
     if bad.size:
@@ -374,7 +376,8 @@ def _sharded_verify(t, draft, q, keys, greedy, cuts):
     sk.verify_check(gf, cd, g8, total, pd, best, status)
     if status.any():
         return status, None, None
-    acc, tokens, draw_at = np.empty(b, np.int32), np.empty((b, k1), np.int32), np.empty(b, np.int32)
+    acc, draw_at = np.empty(b, np.int32), np.empty(b, np.int32)
+    tokens = np.empty((b, k1), np.int32)
     sk.verify_accept(draft, cd, total, pd, best, g8, *kb, acc, tokens, draw_at, status)
     if status.any():
         return status, None, None
@@ -471,8 +474,8 @@ def test_residual_find_over_many_blocks_matches_reference(bonus):
             one[r] = j
             tok = np.empty(b, np.int64)
             sk.residual_find(ts, one, None, 0, qc, qi, lo, total,
-                             np.full(b, x >> 64, np.uint64), np.full(b, x & (2**64 - 1), np.uint64),
-                             tok)
+                             np.full(b, x >> 64, np.uint64),
+                             np.full(b, x & (2**64 - 1), np.uint64), tok)
             want = -1 if x >= int(cum[-1]) else lo + sampling.first_exceeding(res, x)
             assert tok[r] == want, (r, x)
         mass = np.empty((b, 3), np.int64)
@@ -510,3 +513,29 @@ def test_correction_pick_matches_reference_draw():
         want = next(i for i in range(s_) if cum[i] > x)
         assert owner[r] == want and want != 1
         assert (int(rel_hi[r]) << 64) + int(rel_lo[r]) == x - (int(cum[want]) - per[want])
+
+
+def test_proposal_tickets_match_reference():
+    from dyadic.reference import philox
+    kb = _keys(7, seed=99, position=2**20)
+    out = np.empty(7, np.int64)
+    sk.proposal_tickets(*kb, out)
+    for r in range(7):
+        key3 = (int(kb[0][r]), int(kb[1][r]), int(kb[2][r]))
+        assert out[r] == philox.proposal_ticket(key3, int(kb[3][r]))
+
+
+def test_topk_one_bias_row_for_every_request():
+    """A bias [1, n] applies to every request, as a bias [B, n] of repeated rows."""
+    rng = np.random.default_rng(15)
+    b, v, k = 3, 150, 4
+    x = rng.integers(-3, 3, (b, v)).astype(np.float32)
+    bias = rng.integers(-1, 2, (1, v)).astype(np.float32)
+    temp, g0 = np.array([1.0, 0.3, 1.0]), np.zeros(b, np.uint8)
+    one, full = np.empty((b, 1 + 3 * k), np.int32), np.empty((b, 1 + 3 * k), np.int32)
+    sk.topk(x, bias, temp, g0, k, 10, 200, one)
+    sk.topk(x, np.repeat(bias, b, 0), temp, g0, k, 10, 200, full)
+    assert (one == full).all()
+    for r in range(b):
+        st, xb, bb, ids = _expected_top(x[r], bias[0], temp[r], k, 10)
+        assert one[r, 0] == st and one[r, 1 + 2 * k:].tolist() == ids
