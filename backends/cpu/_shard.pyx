@@ -145,6 +145,41 @@ def merge(const int32_t[:, :, ::1] g, bint has_bias, int k, const double[::1] te
                 alloc_status[b] = st
 
 
+def dense_weights(const float[:, ::1] x, bias, const double[::1] temperature,
+                  const double[::1] zmax, const uint8_t[::1] rows, uint64_t[:, ::1] w,
+                  uint64_t[:, ::1] sums):
+    """Dense propose: the integer weights of this shard's rows with rows[b] != 0
+    (dy_shard_dense_weights): x float32 [B, n], bias float32 [1 or B, n] or
+    None, temperature float64 [B], zmax float64 [B] (the global maximum z);
+    w uint64 [B, n], sums uint64 [B, 2] (sums of w >> 32 and w & (2**32 - 1));
+    rows without a flag get zeros."""
+    cdef Py_ssize_t b, j, B = x.shape[0], n = x.shape[1], nb = 0
+    cdef const float[:, ::1] bv
+    cdef const float *bp
+    for name, arr in (("temperature", temperature), ("zmax", zmax), ("rows", rows)):
+        _shape(name, (arr.shape[0],), (B,))
+    _shape("w", (w.shape[0], w.shape[1]), (B, n))
+    _shape("sums", (sums.shape[0], sums.shape[1]), (B, 2))
+    if bias is not None:
+        bv = bias
+        nb = bv.shape[0]
+        if (nb != 1 and nb != B) or bv.shape[1] != n:
+            raise ValueError(f"bias: shape ({nb}, {bv.shape[1]}) must be (1, {n}) or ({B}, {n})")
+    with nogil:
+        for b in range(B):
+            sums[b, 0] = 0
+            sums[b, 1] = 0
+            if not rows[b] or n == 0:
+                for j in range(n):
+                    w[b, j] = 0
+                continue
+            bp = NULL
+            if nb:
+                bp = &bv[b if nb > 1 else 0, 0]
+            dy_shard_dense_weights(&x[b, 0], bp, temperature[b], <uint32_t>n, zmax[b], &w[b, 0],
+                                   &sums[b, 0])
+
+
 def target_summary(target, const int64_t[:, ::1] draft, qshard, const uint8_t[::1] greedy,
                    Py_ssize_t offset, Py_ssize_t vocab, int64_t[:, :, ::1] f,
                    int32_t[::1] status):

@@ -48,3 +48,5 @@ cdef extern from "dyadic_shard.h" nogil:
     int dy_shard_correction_pick(const int64_t *mass, uint64_t stride, uint32_t world,
                                  uint64_t seed, uint32_t generation, uint32_t round,
                                  uint32_t position, int32_t *owner, dy_u128 *rel)
+    void dy_shard_dense_weights(const float *x, const float *bias, double temperature,
+                                uint32_t n, double zmax, uint64_t *w, uint64_t *sums)

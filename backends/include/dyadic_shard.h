@@ -284,6 +284,25 @@ DY_FUNC int dy_shard_merge_row(const int32_t *cx, const int32_t *cb, const int32
     return DY_ST_OK;
 }
 
+/* Dense propose: this shard's integer weights of one row, w_v =
+ * weight_from_gap(zmax - z_v) with z_v = (x_v + b_v) / temperature and zmax
+ * the global maximum z (from the gathered top-1 candidates); x, bias: float32
+ * [n] (bias may be NULL); w: uint64 [n].  sums[0] / sums[1] = the sums of
+ * w >> 32 and w & (2**32 - 1) (exact: w <= 2**39, n <= 2**24). */
+DY_HOT void dy_shard_dense_weights(const float *x, const float *bias, double temperature,
+                                   uint32_t n, double zmax, uint64_t *w, uint64_t *sums) {
+    uint64_t hi = 0, lo = 0;
+    uint32_t v;
+    for (v = 0; v < n; v++) {
+        uint64_t wv = dy_weight_from_gap(zmax - dy_effective_logit(x[v], bias, v, temperature));
+        w[v] = wv;
+        hi += wv >> 32;
+        lo += wv & 0xFFFFFFFFu;
+    }
+    sums[0] = hi;
+    sums[1] = lo;
+}
+
 /* ------------------------------------------------------------------ verify */
 
 #define DY_SHARD_SUMMARY 9

@@ -406,8 +406,7 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
         status = np.zeros(batch, dtype=np.int32)
         merged = _merge_top1(g, t_eff, b2 is not None, status)
         _status.raise_for_status(status, lambda i: i)
-        z = im.effective_logits(x, None if b2 is None else np.broadcast_to(b2, x.shape), t_eff)
-        counts = _dense_counts(comm, z, merged, greedy, code, off, order, status)
+        counts = _dense_counts(comm, x, b2, t_eff, merged, greedy, code, off, order, status)
         _status.raise_for_status(status, lambda i: i)
         if live:
             _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing)
@@ -448,25 +447,24 @@ def _merge_top1(g, t_eff, has_bias, status):
     return merged
 
 
-def _dense_counts(comm, z, merged, greedy, code, off, order, status):
+def _dense_counts(comm, x, b2, t_eff, merged, greedy, code, off, order, status):
     """This shard's dense counts (uint32 [B, n]); greedy rows one-hot at the argmax.
 
     Planned on entry: the weight-sum round when a row is not greedy (else the
     closing round, and no collective happens here); leaves the draw's count-sum
     round planned.
     """
-    batch, n = z.shape
+    batch, n = x.shape
     counts = np.zeros((batch, n), dtype=np.uint64)
     live = [r for r in range(batch) if not greedy[r]]
     draw_sums = gather_plan((batch,))
     standard = code == _spec.POLICY_CODES[_spec.POLICY_STANDARD]
     if live:
-        w = {}
-        sums = np.zeros((batch, 2), dtype=np.int64)
-        for r in live:
-            w[r] = im.weights_from_gap(merged[r][0][0] - z[r])
-            sums[r] = [int((w[r] >> U64(32)).sum(dtype=U64)),
-                       int((w[r] & im.M32).sum(dtype=U64))]
+        zmax = np.array([merged[r][0][0] if not greedy[r] else 0.0 for r in range(batch)])
+        w = np.empty((batch, n), dtype=np.uint64)
+        wsum = np.empty((batch, 2), dtype=np.uint64)
+        _host_kernels().dense_weights(x, b2, t_eff, zmax, (~greedy).astype(np.uint8), w, wsum)
+        sums = wsum.astype(np.int64)
         tot = comm.all_reduce(sums, "sum")
         s_tot = {r: (int(tot[r, 0]) << 32) + int(tot[r, 1]) for r in live}
         live = [r for r in live if s_tot[r] > 0]

@@ -539,3 +539,29 @@ def test_topk_one_bias_row_for_every_request():
     for r in range(b):
         st, xb, bb, ids = _expected_top(x[r], bias[0], temp[r], k, 10)
         assert one[r, 0] == st and one[r, 1 + 2 * k:].tolist() == ids
+
+
+def test_dense_weights_match_reference():
+    from dyadic.reference.fixedpoint import weight_from_gap
+    rng = np.random.default_rng(16)
+    b, n = 4, 70
+    x = rng.normal(0, 8, (b, n)).astype(np.float32)
+    x[1, :5] = -np.inf
+    bias = rng.normal(0, 1, (1, n)).astype(np.float32)
+    temp = np.array([1.0, 0.25, 3.0, 1.0])
+    rows = np.array([1, 1, 1, 0], np.uint8)
+    for bb in (None, bias):
+        with np.errstate(all="ignore"):
+            z = x.astype(np.float64)
+            if bb is not None:
+                z = z + bb.astype(np.float64)
+            z = z / temp[:, None]
+        zmax = z.max(axis=1)
+        w = np.empty((b, n), np.uint64)
+        sums = np.empty((b, 2), np.uint64)
+        sk.dense_weights(x, bb, temp, zmax, rows, w, sums)
+        for r in range(b):
+            want = [weight_from_gap(float(zmax[r] - zz)) if rows[r] else 0 for zz in z[r]]
+            assert w[r].tolist() == want
+            assert sums[r].tolist() == [sum(v >> 32 for v in want),
+                                        sum(v & 0xFFFFFFFF for v in want)]
