@@ -10,10 +10,10 @@ it identically, and the result equals the unsharded reference bit for bit.
 Each rank's local work runs in the CPU backend's shard kernels
 (``backends/cpu/_shard.pyx`` over ``backends/include/dyadic_shard.h``): the
 shard's top-k candidates, the merge / allocation / draw on the gathered
-candidates, the target summaries, validation and acceptance, the residual
-masses, the correction draw and the owner's search; CUDA tensors are copied
-to the host first.  The dense allocation's weights, floors and radix
-histograms are NumPy on exact uint64 limbs (``_intmath``).
+candidates, the dense weights, the target summaries, validation and
+acceptance, the residual masses, the correction draw and the owner's search;
+CUDA tensors are copied to the host first.  The dense allocation's floors,
+remainders and radix histograms are NumPy on exact uint64 limbs.
 
 Collectives of a successful call (a failed call adds one error round;
 docs/distributed.md says why each is needed):
