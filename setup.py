@@ -20,7 +20,14 @@ extensions = [
         include_dirs=["backends/include", numpy.get_include()],
         extra_compile_args=CFLAGS,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    )
+    ),
+    Extension(
+        "dyadic.backends.cpu._shard",
+        ["backends/cpu/_shard.pyx"],
+        include_dirs=["backends/include", numpy.get_include()],
+        extra_compile_args=CFLAGS,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
 ]
 
 setup(

@@ -22,6 +22,8 @@ Q_INVALID = 14
 NUM_DRAFTS_INVALID = 15
 # verify from target logits (logits=True)
 TARGET_ZERO_MASS = 16
+# vocabulary shards (dyadic.distributed)
+SHARD_INVALID = 17
 # sampling parameters (verify with logits=True; allocate / propose with top_p, min_p)
 TEMPERATURE_INVALID = 30
 TOP_K_INVALID = 31
@@ -52,6 +54,8 @@ _MESSAGES = {
     NUM_DRAFTS_INVALID: ("num_drafts", "the request's draft count n must satisfy 0 <= n <= k "
                                        "(k: the draft array's width)"),
     TARGET_ZERO_MASS: ("target", "every target logit is -inf (no token has mass; logits=True)"),
+    SHARD_INVALID: ("vocab_offset", "the shard [vocab_offset, vocab_offset + n) or a gathered "
+                                    "candidate id is not inside [0, vocab_size)"),
     TEMPERATURE_INVALID: ("temperature", "must be finite and >= 0 (0 means greedy "
                                          "verification)"),
     TOP_K_INVALID: ("top_k", "must be >= 0 (0: off)"),

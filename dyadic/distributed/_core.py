@@ -7,7 +7,16 @@ step); every decision that needs global information is a pure function of
 data that all ranks hold identically after a collective, so every rank takes
 it identically, and the result equals the unsharded reference bit for bit.
 
-Collectives of a successful call (a failed call adds one error round):
+Each rank's local work runs in the CPU backend's shard kernels
+(``backends/cpu/_shard.pyx`` over ``backends/include/dyadic_shard.h``): the
+shard's top-k candidates, the merge / allocation / draw on the gathered
+candidates, the dense weights, the target summaries, validation and
+acceptance, the residual masses, the correction draw and the owner's search;
+CUDA tensors are copied to the host first.  The dense allocation's floors,
+remainders and radix histograms are NumPy on exact uint64 limbs.
+
+Collectives of a successful call (a failed call adds one error round;
+docs/distributed.md says why each is needed):
 
 * propose with ``top_k``: 3 (header, candidates, closing).
 * dense propose: header, candidates, weight sums, floor sums (with the first
@@ -33,10 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays, _spec, _status, _validate
+from .. import _arrays, _backend, _spec, _status, _validate
 from .._types import Dyadic, Keys, Verdict, trusted_dyadic
-from ..reference import allocation, philox, sampling
-from ..reference.fixedpoint import weight_from_gap
 from . import _intmath as im
 from ._comm import Comm, close_plan, gather_plan, reduce_plan
 
@@ -164,6 +171,14 @@ def _first_bad(mask, name, rule):
 
 
 # ----------------------------------------------------------------------------- helpers
+
+def _host_kernels():
+    """The CPU backend's per-shard kernels (backends/cpu/_shard.pyx over
+    backends/include/dyadic_shard.h); BackendUnavailable naming what to install."""
+    _backend.get("cpu")
+    from ..backends.cpu import _shard
+    return _shard
+
 
 def _crc(*arrays):
     c = 0
@@ -317,9 +332,10 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     bias : this rank's slice of the bias ([n] or [B, n]), or None.
     vocab_offset, vocab_size : the slice's first global id and the full V.
     group : torch.distributed process group (default: the default group).
-    The local math is vectorised NumPy on the host plus the reference's row
-    helpers on the merged candidates (there is no ``backend`` argument: no
-    backend kernel runs here, whatever the tensors' device).
+    The local math runs in the CPU backend's shard kernels on the host
+    (there is no ``backend`` argument; CUDA tensors are copied to the host),
+    so the compiled CPU backend is required (``BackendUnavailable``
+    otherwise, on every rank).
     check : True or False (identical on every rank; checked).  True: the
         closing round also compares the sampled tokens and fails on every rank
         if ranks disagree.
@@ -363,80 +379,34 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
     comm.plan(gather_plan((batch, 1 + kcand * ncol), np.int32))
 
     t_eff = np.where(greedy, 1.0, temp)
-    z = im.effective_logits(x, None if b2 is None else np.broadcast_to(b2, x.shape), t_eff)
-    payload = np.full((batch, 1 + kcand * ncol), -1, dtype=np.int32)
-    xbits = x.view(np.int32)
-    bbits = None if b2 is None else np.broadcast_to(b2, x.shape).view(np.int32)
-    for r in range(batch):
-        st = _row_status(z[r])
-        payload[r, 0] = st
-        if st:
-            continue
-        idx = _local_top(z[r], 1 if greedy[r] else kcand)
-        m = idx.size
-        payload[r, 1:1 + m] = xbits[r, idx]
-        if bbits is not None:
-            payload[r, 1 + kcand:1 + kcand + m] = bbits[r, idx]
-        payload[r, 1 + (ncol - 1) * kcand:1 + (ncol - 1) * kcand + m] = idx + off
+    greedy_u8 = greedy.astype(np.uint8)
+    sk = _host_kernels()
+    payload = np.empty((batch, 1 + kcand * ncol), dtype=np.int32)
+    sk.topk(x, b2, t_eff, greedy_u8, kcand, off, v, payload)
     after = closing if width or not live else reduce_plan((batch, 2), "sum")
-    g = comm.all_gather(payload, then=after)[order]
-
-    # merge: identical on every rank
-    status = np.zeros(batch, dtype=np.int32)
-    merged = []
-    for r in range(batch):
-        st = next((int(s) for s in g[:, r, 0] if s), 0)
-        if st:
-            status[r] = st
-            merged.append(None)
-            continue
-        cx = g[:, r, 1:1 + kcand].reshape(-1)
-        cg = g[:, r, 1 + (ncol - 1) * kcand:1 + ncol * kcand].reshape(-1)
-        keep = cg >= 0
-        cx = cx[keep].view(np.float32)
-        cb = None
-        if bbits is not None:
-            cb = g[:, r, 1 + kcand:1 + 2 * kcand].reshape(-1)[keep].view(np.float32)[None]
-        cz = im.effective_logits(cx[None], cb, t_eff[r:r + 1])[0]
-        cg = cg[keep].astype(np.int64)
-        o = np.lexsort((cg, -cz))
-        cz, cg = cz[o], cg[o]
-        if cz.size == 0 or cz[0] == -np.inf:
-            status[r] = _status.X_ZERO_MASS
-            merged.append(None)
-            continue
-        merged.append((cz, cg))
-    _status.raise_for_status(status, lambda i: i)
+    g = np.ascontiguousarray(comm.all_gather(payload, then=after)[order])
 
     policy_name = _POLICY_NAMES[code]
-    tokens = np.full(batch, -1, dtype=np.int64)
     if width:
-        counts = np.zeros((batch, width), dtype=np.uint32)
-        ids = np.full((batch, width), _spec.PAD_ID, dtype=np.int32)
-        for r in range(batch):
-            cz, cg = merged[r]
-            if greedy[r]:
-                row = [(int(cg[0]), TOTAL)]
-                tokens[r] = cg[0]
-            else:
-                sup_z, sup_g = cz[:width], cg[:width].tolist()
-                zmax = float(sup_z[0])
-                w = {gid: weight_from_gap(zmax - float(zz)) for gid, zz in zip(sup_g, sup_z)}
-                support = sorted(sup_g)
-                st, c = allocation.allocate_weights(w, support, policy_name, sup_g[0])
-                if st:
-                    status[r] = st
-                    continue
-                row = [(i, c[i]) for i in support if c[i]]
-                tokens[r] = sampling.draw_row(row, (int(seed[r]), int(gen[r]), int(rnd[r])),
-                                              int(pos[r]))
-            for j, (i, c) in enumerate(row):
-                ids[r, j], counts[r, j] = i, c
+        # merge, allocation and draw: identical on every rank
+        tokens = np.empty(batch, dtype=np.int32)
+        counts = np.empty((batch, width), dtype=np.uint32)
+        ids = np.empty((batch, width), dtype=np.int32)
+        status = np.empty(batch, dtype=np.int32)
+        alloc_status = np.empty(batch, dtype=np.int32)
+        sk.merge(g, b2 is not None, kcand, t_eff, greedy_u8, code, v, width, seed, gen, rnd, pos,
+                 tokens, counts, ids, status, alloc_status)
         _status.raise_for_status(status, lambda i: i)
+        _status.raise_for_status(alloc_status, lambda i: i)
         q = trusted_dyadic(_output(counts, local_logits), _output(ids, local_logits), v,
                            policy_name)
+        tokens = tokens.astype(np.int64)
     else:
-        counts = _dense_counts(comm, z, merged, greedy, code, off, order, status)
+        tokens = np.full(batch, -1, dtype=np.int64)
+        status = np.zeros(batch, dtype=np.int32)
+        merged = _merge_top1(g, t_eff, b2 is not None, status)
+        _status.raise_for_status(status, lambda i: i)
+        counts = _dense_counts(comm, x, b2, t_eff, merged, greedy, code, off, order, status)
         _status.raise_for_status(status, lambda i: i)
         if live:
             _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing)
@@ -450,25 +420,51 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
     return out, q
 
 
-def _dense_counts(comm, z, merged, greedy, code, off, order, status):
+def _merge_top1(g, t_eff, has_bias, status):
+    """Dense propose: every row's (z sorted descending, global ids) of the gathered top-1
+    candidates (g int32 [S, B, 1 + c]), or None for a failed row (status set)."""
+    ncol = 3 if has_bias else 2
+    merged = []
+    for r in range(g.shape[1]):
+        st = next((int(s) for s in g[:, r, 0] if s), 0)
+        if st:
+            status[r] = st
+            merged.append(None)
+            continue
+        cx = g[:, r, 1]
+        cg = g[:, r, ncol]
+        keep = cg >= 0
+        cb = g[:, r, 2][keep].view(np.float32)[None] if has_bias else None
+        cz = im.effective_logits(cx[keep].view(np.float32)[None], cb, t_eff[r:r + 1])[0]
+        cg = cg[keep].astype(np.int64)
+        o = np.lexsort((cg, -cz))
+        cz, cg = cz[o], cg[o]
+        if cz.size == 0 or cz[0] == -np.inf:
+            status[r] = _status.X_ZERO_MASS
+            merged.append(None)
+            continue
+        merged.append((cz, cg))
+    return merged
+
+
+def _dense_counts(comm, x, b2, t_eff, merged, greedy, code, off, order, status):
     """This shard's dense counts (uint32 [B, n]); greedy rows one-hot at the argmax.
 
     Planned on entry: the weight-sum round when a row is not greedy (else the
     closing round, and no collective happens here); leaves the draw's count-sum
     round planned.
     """
-    batch, n = z.shape
+    batch, n = x.shape
     counts = np.zeros((batch, n), dtype=np.uint64)
     live = [r for r in range(batch) if not greedy[r]]
     draw_sums = gather_plan((batch,))
     standard = code == _spec.POLICY_CODES[_spec.POLICY_STANDARD]
     if live:
-        w = {}
-        sums = np.zeros((batch, 2), dtype=np.int64)
-        for r in live:
-            w[r] = im.weights_from_gap(merged[r][0][0] - z[r])
-            sums[r] = [int((w[r] >> U64(32)).sum(dtype=U64)),
-                       int((w[r] & im.M32).sum(dtype=U64))]
+        zmax = np.array([merged[r][0][0] if not greedy[r] else 0.0 for r in range(batch)])
+        w = np.empty((batch, n), dtype=np.uint64)
+        wsum = np.empty((batch, 2), dtype=np.uint64)
+        _host_kernels().dense_weights(x, b2, t_eff, zmax, (~greedy).astype(np.uint8), w, wsum)
+        sums = wsum.astype(np.int64)
         tot = comm.all_reduce(sums, "sum")
         s_tot = {r: (int(tot[r, 0]) << 32) + int(tot[r, 1]) for r in live}
         live = [r for r in live if s_tot[r] > 0]
@@ -572,24 +568,21 @@ def _dense_counts(comm, z, merged, greedy, code, off, order, status):
 def _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing):
     """Tokens of the rows that are not greedy (planned on entry: the count-sum round)."""
     batch, n = counts.shape
-    seed, gen, rnd, pos = kb
     sums = counts.astype(np.int64).sum(axis=1)
     g = comm.all_gather(sums, then=reduce_plan((batch,), "max"))[order]
-    local = np.full(batch, -1, dtype=np.int64)
-    for r in range(batch):
-        if greedy[r]:
-            continue
-        ticket = philox.proposal_ticket((int(seed[r]), int(gen[r]), int(rnd[r])), int(pos[r]))
-        acc = 0
-        for s, m in enumerate(g[:, r].tolist()):
-            if acc + m > ticket:
-                if order[s] == comm.rank:
-                    cs = np.cumsum(counts[r].astype(np.int64))
-                    local[r] = off + int(np.searchsorted(cs, ticket - acc, side="right"))
-                break
-            acc += m
-    red = comm.all_reduce(local, "max", then=closing)
+    tickets = np.empty(batch, dtype=np.int64)
+    _host_kernels().proposal_tickets(*kb, tickets)
     live = ~np.asarray(greedy, dtype=bool)
+    # the owner of row r: the first shard whose cumulative count exceeds the ticket
+    cum = np.cumsum(g, axis=0)
+    owner = (cum > tickets[None, :]).argmax(axis=0)
+    mine = live & (np.asarray(order)[owner] == comm.rank)
+    local = np.full(batch, -1, dtype=np.int64)
+    for r in np.flatnonzero(mine):
+        before = int(cum[owner[r], r] - g[owner[r], r])
+        cs = np.cumsum(counts[r].astype(np.int64))
+        local[r] = off + int(np.searchsorted(cs, int(tickets[r]) - before, side="right"))
+    red = comm.all_reduce(local, "max", then=closing)
     tokens[live] = red[live]
 
 
@@ -643,34 +636,38 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
         if g.shape != (batch,):
             raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({batch},)")
     kb = _keys(keys, batch, extra=k1 - 1)
-    return np.ascontiguousarray(t), d, qkind, qc, qi, g, kb, off, v, check
+    if qc is not None:  # validated: counts in [0, 2**24], ids in [-1, V)
+        qc = np.ascontiguousarray(qc, dtype=np.uint32)
+    if qi is not None:
+        qi = np.ascontiguousarray(qi, dtype=np.int32)
+    return np.ascontiguousarray(t), np.ascontiguousarray(d), qkind, qc, qi, g, kb, off, v, check
 
 
-def _q_local(qkind, qc, qi, d, b, i, off, n):
-    """Dense local counts (uint64 [n]) of q at (b, i), or None for all zero."""
+def _q_at_drafts(qkind, qc, qi, d, gf):
+    """q(d) uint32 [B, k] at every draft: from the gathered owner counts (a sharded q) or
+    the replicated q (sparse: the first matching id, else 0)."""
+    k = d.shape[1]
     if qkind == 0:
-        c = np.zeros(n, dtype=np.uint64)
-        if off <= d[b, i] < off + n:
-            c[d[b, i] - off] = TOTAL
-        return c
+        return np.full(d.shape, TOTAL, dtype=np.uint32)
     if qkind == 3:
-        return qc[b, i].astype(np.uint64)
+        return gf[:, :, :k, 7].sum(axis=0).astype(np.uint32)
     if qkind == 2:
-        return qc[b, i, off:off + n].astype(np.uint64)
-    c = np.zeros(n, dtype=np.uint64)
-    ids, cnt = qi[b, i], qc[b, i]
-    m = (ids >= off) & (ids < off + n)
-    c[ids[m] - off] = cnt[m]
-    return c
+        return np.take_along_axis(qc, d[..., None], axis=2)[..., 0].astype(np.uint32)
+    hit = qi == d[..., None]
+    at = np.take_along_axis(qc, hit.argmax(axis=2)[..., None], axis=2)[..., 0]
+    return np.where(hit.any(axis=2), at, 0).astype(np.uint32)
 
 
-def _q_at(qkind, qc, qi, b, i, d):
-    if qkind == 0:
-        return TOTAL
+def _q_kernel_args(qkind, qc, qi, d, off):
+    """(q_dense, q_offset, q_counts, q_ids) of the residual kernels for each kind of q."""
+    if qkind == 0:  # point mass at the draft: the sparse row (d, 2**24)
+        return (None, 0, np.full(d.shape + (1,), TOTAL, dtype=np.uint32),
+                np.ascontiguousarray(d[..., None], dtype=np.int32))
+    if qkind == 3:
+        return qc, 0, None, None
     if qkind == 2:
-        return int(qc[b, i, d])
-    hit = np.flatnonzero(qi[b, i] == d)
-    return int(qc[b, i, hit[0]]) if hit.size else 0
+        return qc, off, None, None
+    return None, 0, qc, qi
 
 
 def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None, greedy=None,
@@ -723,36 +720,15 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
     comm.plan(gather_plan((batch, k1, 9)))
 
     # round 1: per (row, position) exact summaries of this shard
-    p, invalid, mag = im.target_fixed(t.view(np.uint32))
-    f = np.zeros((batch, k1, 9), dtype=np.int64)
-    f[:, :, 0] = invalid.any(axis=2) if n else 0
-    if n:
-        f[:, :, 1] = (p >> U64(32)).sum(axis=2, dtype=U64).astype(np.int64)
-        f[:, :, 2] = (p & im.M32).sum(axis=2, dtype=U64).astype(np.int64)
-        f[:, :, 3] = mag.max(axis=2).astype(np.int64)
-        f[:, :, 4] = mag.argmax(axis=2).astype(np.int64) + off
-    else:
-        f[:, :, 3] = -1
-        f[:, :, 4] = -1
-    for b in range(batch):
-        for i in range(k):
-            di = int(d[b, i])
-            if off <= di < off + n:
-                pd = int(p[b, i, di - off])
-                f[b, i, 5], f[b, i, 6] = pd >> 32, pd & 0xFFFFFFFF
-                if qkind == 3:
-                    f[b, i, 7] = int(qc[b, i, di - off])
-            if qkind == 3:
-                f[b, i, 8] = int(qc[b, i].sum(dtype=np.uint64))
-    gf = comm.all_gather(f, then=gather_plan((batch, 3)) if live else closing)[order]
+    sk = _host_kernels()
+    f = np.empty((batch, k1, 9), dtype=np.int64)
+    status = np.empty(batch, dtype=np.int32)
+    g8 = g.astype(np.uint8)
+    sk.target_summary(t, d, qc if qkind == 3 else None, g8, off, v, f, status)
+    _status.raise_for_status(status)
+    gf = np.ascontiguousarray(
+        comm.all_gather(f, then=gather_plan((batch, 3)) if live else closing)[order])
 
-    one = 1 << _spec.TARGET_BITS
-    tol = one >> _spec.TARGET_TOL_BITS
-    status = np.zeros(batch, dtype=np.int32)
-    total = [[0] * k1 for _ in range(batch)]
-    pd_all = [[0] * k for _ in range(batch)]
-    cd_all = [[0] * k for _ in range(batch)]
-    best = [[0] * k1 for _ in range(batch)]
     if qkind == 3:
         qsum = gf[:, :, :k, 8].sum(axis=0)
         bad = np.argwhere(qsum != TOTAL)
@@ -760,101 +736,51 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
             b0, i0 = (int(z) for z in bad[0])
             raise ValueError(f"q.counts: row {b0 * k + i0}: counts must sum to exactly 2**24 "
                              f"over the shards (they sum to {int(qsum[b0, i0])})")
-    for b in range(batch):
-        for i in range(k1):
-            total[b][i] = sum((int(h) << 32) + int(lo) for h, lo in gf[:, b, i, 1:3].tolist())
-            mags = gf[:, b, i, 3]
-            best[b][i] = int(gf[int(np.argmax(mags)), b, i, 4])  # shards in id order
-        for i in range(k1):
-            if gf[:, b, i, 0].any():
-                status[b] = _status.TARGET_INVALID_VALUE
-                break
-            if abs(total[b][i] - one) > tol:
-                status[b] = _status.TARGET_SUM
-                break
-        if status[b]:
-            continue
-        for i in range(k):
-            pd_all[b][i] = sum((int(h) << 32) + int(lo) for h, lo in gf[:, b, i, 5:7].tolist())
-            cd_all[b][i] = (int(gf[:, b, i, 7].sum()) if qkind == 3
-                            else _q_at(qkind, qc, qi, b, i, int(d[b, i])))
-            if not g[b] and cd_all[b][i] == 0:
-                status[b] = _status.Q_ZERO_AT_DRAFT
-                break
+    cd = _q_at_drafts(qkind, qc, qi, d, gf)
+    # validation and acceptance: pure functions of (T, P_d, c_d, argmax, keys) that every
+    # rank now holds
+    total = np.empty((batch, k1), dtype=np.uint64)
+    pd = np.empty((batch, k), dtype=np.uint64)
+    best = np.empty((batch, k1), dtype=np.int32)
+    sk.verify_check(gf, cd, g8, total, pd, best, status)
     _status.raise_for_status(status)
-
-    # acceptance: a pure function of (P_d, T, c_d, keys) that every rank now holds
-    accepted = np.zeros(batch, dtype=np.int32)
-    tokens = np.full((batch, k1), -1, dtype=np.int64)
-    draw_at = {}
-    for b in range(batch):
-        key3 = (int(seed[b]), int(gen[b]), int(rnd[b]))
-        j = k
-        for i in range(k):
-            if g[b]:
-                ok = int(d[b, i]) == best[b][i]
-            else:
-                try:
-                    ok = sampling.accept(pd_all[b][i], total[b][i], cd_all[b][i], key3,
-                                         int(pos[b]) + i)
-                except RuntimeError:
-                    status[b] = _status.RNG_EXHAUSTED
-                    break
-            if not ok:
-                j = i
-                break
-            tokens[b, i] = d[b, i]
-        if status[b]:
-            continue
-        accepted[b] = j
-        if g[b]:
-            tokens[b, j] = best[b][j]
-        else:
-            draw_at[b] = j
+    accepted = np.empty(batch, dtype=np.int32)
+    tokens = np.empty((batch, k1), dtype=np.int32)
+    draw_at = np.empty(batch, dtype=np.int32)
+    sk.verify_accept(d, cd, total, pd, best, g8, seed, gen, rnd, pos, accepted, tokens, draw_at,
+                     status)
     _status.raise_for_status(status)
-    if bool(draw_at) != live:
+    rows = np.flatnonzero(draw_at >= 0)
+    if bool(rows.size) != live:
         raise AssertionError("dyadic.distributed: internal error: rows to draw do not match "
                              "the planned rounds")
 
-    if draw_at:
+    if rows.size:
         # round 2: this shard's exact mass of the distribution to draw from
-        limbs = {}
-        mass = np.zeros((batch, 3), dtype=np.int64)
-        for b, j in draw_at.items():
-            if j < k:
-                hi, lo = im.residual_limbs(p[b, j], _q_local(qkind, qc, qi, d, b, j, off, n),
-                                           total[b][j])
-            else:
-                hi, lo = None, p[b, j]  # bonus: draw from P itself
-            limbs[b] = (hi, lo)
-            mass[b] = [int((lo & im.M32).sum(dtype=U64)), int((lo >> U64(32)).sum(dtype=U64)),
-                       0 if hi is None else int(hi.sum(dtype=U64))]
-        gm = comm.all_gather(mass, then=reduce_plan((batch,), "max"))[order]
-        local = np.full(batch, -1, dtype=np.int64)
-        for b, j in draw_at.items():
-            shard = [int(a) + (int(c) << 32) + (int(e) << 64) for a, c, e in gm[:, b].tolist()]
-            key3 = (int(seed[b]), int(gen[b]), int(rnd[b]))
-            try:
-                x, _ = philox.uniform_below(sum(shard), key3, int(pos[b]) + j,
-                                            _spec.DOMAIN_CORRECTION, 0)
-            except RuntimeError:
-                status[b] = _status.RNG_EXHAUSTED
-                continue
-            acc = 0
-            for s, m in enumerate(shard):
-                if acc + m > x:  # a zero-mass shard can never satisfy this
-                    if order[s] == comm.rank:
-                        hi, lo = limbs[b]
-                        local[b] = off + im.first_exceeding_limbs(hi, lo, x - acc)
-                    break
-                acc += m
+        qargs = _q_kernel_args(qkind, qc, qi, d, off)
+        mass = np.empty((batch, 3), dtype=np.int64)
+        sk.residual_mass(t, draw_at, *qargs, off, total, mass)
+        gm = comm.all_gather(mass, then=reduce_plan((batch,), "max"))
+        gm = np.ascontiguousarray(gm[order])
+        # X = uniform_below(total mass) and its owner: the first shard whose cumulative
+        # mass exceeds X (a zero-mass shard never does); the same on every rank
+        owner = np.empty(batch, dtype=np.int32)
+        rel_hi, rel_lo = np.empty(batch, dtype=np.uint64), np.empty(batch, dtype=np.uint64)
+        sk.correction_pick(gm, draw_at, seed, gen, rnd, pos, owner, rel_hi, rel_lo, status)
+        if (owner == -2).any():  # the reference's uniform_below refuses n = 0 the same way
+            raise ValueError("uniform_below: n=0 out of range [1, 2**128)")
         _status.raise_for_status(status)
+        ranks = np.asarray(order, dtype=np.int64)[np.maximum(owner, 0)]
+        mine = np.where((owner >= 0) & (ranks == comm.rank), draw_at, -1).astype(np.int32)
+        local = np.empty(batch, dtype=np.int64)
+        sk.residual_find(t, mine, *qargs, off, total, rel_hi, rel_lo, local)
+        if ((mine >= 0) & (local < 0)).any():
+            raise AssertionError("dyadic.distributed: internal error: draw beyond the "
+                                 "shard's mass")
         # round 3: the owner's token to everyone
         red = comm.all_reduce(local, "max", then=closing)
-        for b, j in draw_at.items():
-            tokens[b, j] = red[b]
-    verdict = Verdict(_output(accepted, local_target),
-                      _output(tokens.astype(np.int32), local_target))
+        tokens[rows, draw_at[rows]] = red[rows]
+    verdict = Verdict(_output(accepted, local_target), _output(tokens, local_target))
     comm.close(tokens if check else None)
     _finish(comm, "verify", batch, k1)
     return verdict

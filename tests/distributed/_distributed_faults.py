@@ -173,7 +173,6 @@ def cases(inp):
     expectation: (exception type name, substrings of the message), checked by the parent.
     """
     from dyadic.distributed import _comm, _core
-    from dyadic.distributed import _intmath as im
     import torch
 
     rank, world = inp.rank, inp.world
@@ -237,8 +236,8 @@ def cases(inp):
     add("ValueError before round 2 (rank 1)", mid_value, "ValueError", "target: row 9: injected")
 
     def mid_type():
-        with _Patch(im, "weights_from_gap", _raiser(TypeError("injected weights")),
-                    active=rank == last):
+        with _Patch(_core._host_kernels(), "dense_weights",
+                    _raiser(TypeError("injected weights")), active=rank == last):
             inp.propose(top_k=None)
     add("TypeError in the dense weights (last rank)", mid_type, "TypeError", "injected weights")
 
@@ -252,7 +251,7 @@ def cases(inp):
 
     # a failure in work every rank does on gathered data, on one rank only
     def merged_fail():
-        with _Patch(_core, "weight_from_gap", _raiser(ArithmeticError("injected merge")),
+        with _Patch(_core._host_kernels(), "merge", _raiser(ArithmeticError("injected merge")),
                     active=rank == last):
             inp.propose()
     add("ArithmeticError in the merged allocation (last rank)", merged_fail,
