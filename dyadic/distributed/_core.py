@@ -44,12 +44,21 @@ import numpy as np
 
 from .. import _arrays, _backend, _spec, _status, _validate
 from .._types import Dyadic, Keys, Verdict, trusted_dyadic
-from . import _intmath as im
 from ._comm import Comm, close_plan, gather_plan, reduce_plan
 
 TOTAL = _spec.TOTAL
 U64 = np.uint64
 _POLICY_NAMES = {code: name for name, code in _spec.POLICY_CODES.items()}
+
+
+def _effective_logits(x, b, temperature):
+    """z = (x + b) / T in binary64 (the documented conversion), rows of ``x``
+    (float32 [B, n]); ``b`` None or float32 [1 or B, n]; T float64 [B]."""
+    with np.errstate(all="ignore"):
+        z = x.astype(np.float64)
+        if b is not None:
+            z = z + b.astype(np.float64)
+        return z / temperature[:, None]
 
 
 @dataclass(frozen=True)
@@ -435,7 +444,7 @@ def _merge_top1(g, t_eff, has_bias, status):
         cg = g[:, r, ncol]
         keep = cg >= 0
         cb = g[:, r, 2][keep].view(np.float32)[None] if has_bias else None
-        cz = im.effective_logits(cx[keep].view(np.float32)[None], cb, t_eff[r:r + 1])[0]
+        cz = _effective_logits(cx[keep].view(np.float32)[None], cb, t_eff[r:r + 1])[0]
         cg = cg[keep].astype(np.int64)
         o = np.lexsort((cg, -cz))
         cz, cg = cz[o], cg[o]

@@ -112,32 +112,3 @@ def test_import_dyadic_does_not_import_torch():
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_intmath_matches_reference():
-    from dyadic.distributed import _intmath as im
-    from dyadic.reference import fixedpoint as fp, sampling
-
-    rng = np.random.default_rng(3)
-    t = np.concatenate([rng.uniform(0, 33, 3000), rng.uniform(0, 1e-6, 300),
-                        [0.0, 31.999999, 32.0, np.inf, 1e-300, 0.6931471805599453]])
-    assert im.weights_from_gap(t).tolist() == [fp.weight_from_gap(float(x)) for x in t]
-    bits = rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32)
-    bits = np.concatenate([bits, np.array([0, 0x80000000, 0x3F800000, 0x3F800001, 1,
-                                           0x7F800000, 0x00800000], np.uint32)])
-    p, inv, _ = im.target_fixed(bits)
-    for b, pv, iv in zip(bits.tolist(), p.tolist(), inv.tolist()):
-        mag = b & 0x7FFFFFFF
-        if ((b >> 31) and mag) or mag > 0x3F800000:
-            assert iv
-        else:
-            m, e = fp.f32_mant_exp(mag)
-            assert not iv and fp.shift_floor(m, e + 62) == pv
-    pf = rng.integers(0, 2**62, 2000, dtype=np.uint64)
-    c = rng.integers(0, 2**24, 2000, dtype=np.uint64)
-    c[::3] = 0
-    total = (1 << 62) + 12345
-    hi, lo = im.residual_limbs(pf, c, total)
-    ref = sampling.residual(pf.tolist(), total, c.tolist())
-    assert [(h << 64) | x for h, x in zip(hi.tolist(), lo.tolist())] == ref
-    assert im.limb_sum(hi, lo) == sum(ref)
-    for x in (0, sum(ref) // 3, sum(ref) - 1):
-        assert im.first_exceeding_limbs(hi, lo, x) == sampling.first_exceeding(ref, x)
