@@ -203,6 +203,31 @@ def draw(const uint32_t[:, ::1] counts, ids, const uint64_t[::1] seed,
                 tokens[b] = dy_draw_dense(&counts[b, 0], W, r)
 
 
+cdef Py_ssize_t _q_width(q_counts, q_ids, Py_ssize_t B, Py_ssize_t k, Py_ssize_t V) except -1:
+    """The row width W of verify's q (V for a dense or a point-mass q); ValueError
+    naming the array whose shape does not fit [B, k, W] (dense: W = V)."""
+    cdef const uint32_t[:, :, ::1] qc
+    cdef const int32_t[:, :, ::1] qi
+    if q_counts is None:
+        if q_ids is not None:
+            raise ValueError("q_ids: given without q_counts")
+        return V
+    qc = q_counts
+    if qc.shape[0] != B or qc.shape[1] != k:
+        raise ValueError(f"q_counts: shape ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]}) "
+                         f"must be ({B}, {k}, W)")
+    if q_ids is None:
+        if qc.shape[2] != V:
+            raise ValueError(f"q_counts: dense width {qc.shape[2]} must equal the target's "
+                             f"vocabulary {V}")
+        return V
+    qi = q_ids
+    if qi.shape[0] != qc.shape[0] or qi.shape[1] != qc.shape[1] or qi.shape[2] != qc.shape[2]:
+        raise ValueError(f"q_ids: shape ({qi.shape[0]}, {qi.shape[1]}, {qi.shape[2]}) must "
+                         f"be ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]})")
+    return qc.shape[2]
+
+
 def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[::1] greedy,
            const uint64_t[::1] seed, const uint32_t[::1] generation, const uint32_t[::1] round,
            const uint32_t[::1] position, int32_t[::1] accepted, int32_t[:, ::1] tokens,
@@ -226,24 +251,12 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
     _vocab("target", Vs)
     k = <uint32_t>(k1 - 1)
     V = <uint32_t>Vs
-    W = V
     _shape2("draft", draft.shape[0], draft.shape[1], B, k1 - 1)
+    W = <uint32_t>_q_width(q_counts, q_ids, B, k1 - 1, Vs)
     if has_q:
         qc = q_counts
-        if qc.shape[0] != B or qc.shape[1] != k1 - 1:
-            raise ValueError(f"q_counts: shape ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]}) "
-                             f"must be ({B}, {k1 - 1}, W)")
-        if not has_ids and qc.shape[2] != Vs:
-            raise ValueError(f"q_counts: dense width {qc.shape[2]} must equal the target's "
-                             f"vocabulary {Vs}")
-        W = <uint32_t>qc.shape[2]
     if has_ids:
-        if not has_q:
-            raise ValueError("q_ids: given without q_counts")
         qi = q_ids
-        if qi.shape[0] != qc.shape[0] or qi.shape[1] != qc.shape[1] or qi.shape[2] != qc.shape[2]:
-            raise ValueError(f"q_ids: shape ({qi.shape[0]}, {qi.shape[1]}, {qi.shape[2]}) must "
-                             f"be ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]})")
     _shape1("greedy", greedy.shape[0], B)
     _key_shapes("verify", B, seed.shape[0], generation.shape[0], round.shape[0],
                 position.shape[0], B)
@@ -303,24 +316,12 @@ def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_
     _vocab("target", Vs)
     k = <uint32_t>(k1 - 1)
     V = <uint32_t>Vs
-    W = V
     _shape2("draft", draft.shape[0], draft.shape[1], B, k1 - 1)
+    W = <uint32_t>_q_width(q_counts, q_ids, B, k1 - 1, Vs)
     if has_q:
         qc = q_counts
-        if qc.shape[0] != B or qc.shape[1] != k1 - 1:
-            raise ValueError(f"q_counts: shape ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]}) "
-                             f"must be ({B}, {k1 - 1}, W)")
-        if not has_ids and qc.shape[2] != Vs:
-            raise ValueError(f"q_counts: dense width {qc.shape[2]} must equal the target's "
-                             f"vocabulary {Vs}")
-        W = <uint32_t>qc.shape[2]
     if has_ids:
-        if not has_q:
-            raise ValueError("q_ids: given without q_counts")
         qi = q_ids
-        if qi.shape[0] != qc.shape[0] or qi.shape[1] != qc.shape[1] or qi.shape[2] != qc.shape[2]:
-            raise ValueError(f"q_ids: shape ({qi.shape[0]}, {qi.shape[1]}, {qi.shape[2]}) must "
-                             f"be ({qc.shape[0]}, {qc.shape[1]}, {qc.shape[2]})")
     _shape1("greedy", greedy.shape[0], B)
     _shape1("temperature", temperature.shape[0], B)
     _shape1("top_k", top_k.shape[0], B)
