@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # The GPU parity suites and the GPU benchmark in one command (run on the GPU machine).
 #   tools/gpu_suite.sh                  logs to $OUT/log.txt (default OUT=./gpu-out)
-# STAGES picks the stages, in this order (default: build cuda numba fuzz bench):
+# STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
 #           ids, streams, graph capture) and the host-side tests that touch the device path
 #   numba   the numba parity tests
+#   integrations  tests/integrations on the GPU (cuda / numba vs cpu with CUDA models;
+#           the tiny models train there once, cached under /tmp/dyadic-model-cache)
 #   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400)
 #   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
 #           (comma-separated substrings) picks cases
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
 #           dyadic/bench/gpu.py per side, then python -m dyadic.bench compare
-# Each stage has its own timeout (CUDA_T, NUMBA_T, FUZZ_T, BENCH_T, AB_T per run) so one
+# Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run) so one
 # call fits a device lease; split the stages over calls where they do not.
 set -o pipefail
-STAGES=${STAGES:-"build cuda numba fuzz bench"}
+STAGES=${STAGES:-"build cuda numba integrations fuzz bench"}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -59,6 +61,12 @@ PY
       tests/gpu/test_numba_bounds.py tests/gpu/test_numba_verify_logits.py \
       2>&1 | tail -${TAIL:-25}
   echo "numba parity exit: $?"
+  fi
+  if has integrations; then stamp "integrations"
+  DYADIC_CACHE_DIR=${DYADIC_CACHE_DIR:-/tmp/dyadic-model-cache} timeout ${INTEGRATIONS_T:-240} \
+      python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
+      tests/integrations 2>&1 | tail -${TAIL:-15}
+  echo "integrations exit: $?"
   fi
   if has fuzz; then stamp "fuzz cpu,cuda,numba"
   timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --backends cpu,cuda,numba --cases ${FUZZ_CASES:-400} \
