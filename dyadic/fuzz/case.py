@@ -15,6 +15,10 @@ import numpy as np
 from .._backend import GPU_BACKENDS
 
 PRIMITIVES = ("allocate", "propose", "draw", "verify", "philox")
+#: Opt-in (``--primitives``): verify(logits=True) with per-request sampling parameters,
+#: on the backends that implement it (cpu, reference, numba).
+OPTIONAL_PRIMITIVES = ("verify_logits",)
+ALL_PRIMITIVES = PRIMITIVES + OPTIONAL_PRIMITIVES
 
 
 @dataclass
@@ -162,6 +166,21 @@ def build(case, backend):
                               greedy=None if g is None else any_input(g.astype(bool), backend),
                               backend=backend,
                               **({} if n is None else {"num_drafts": any_input(n, backend)}))
+            return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
+                    "status": to_numpy(v.status)}
+    elif case.primitive == "verify_logits":
+        def call():
+            g, n = a.get("greedy"), a.get("num_drafts")
+            opt = {} if n is None else {"num_drafts": any_input(n, backend)}
+            for name in ("top_k", "top_p", "min_p"):
+                if name in a:
+                    opt[name] = any_input(a[name], backend)
+            v = dyadic.verify(float_input(a["target"], p["dtype"], backend),
+                              any_input(a["draft"], backend), _dyadic_q(case, backend),
+                              _keys(case, backend),
+                              greedy=None if g is None else any_input(g.astype(bool), backend),
+                              logits=True, temperature=any_input(a["temperature"], backend),
+                              backend=backend, **opt)
             return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
                     "status": to_numpy(v.status)}
     elif case.primitive == "philox":

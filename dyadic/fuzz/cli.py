@@ -12,7 +12,7 @@ import time
 from collections import Counter, defaultdict
 
 from .. import _backend
-from .case import PRIMITIVES
+from .case import ALL_PRIMITIVES, PRIMITIVES
 from .compare import Skip, check, differences
 from .generators import generate
 from .reproducer import load, save
@@ -33,7 +33,8 @@ def _parser():
     p.add_argument("--cases", type=int, default=200, help="number of cases (default 200)")
     p.add_argument("--seed", type=int, default=0, help="case stream seed (default 0)")
     p.add_argument("--primitives", default=",".join(PRIMITIVES),
-                   help=f"comma-separated subset of {','.join(PRIMITIVES)}")
+                   help=f"comma-separated subset of {','.join(ALL_PRIMITIVES)} (default: "
+                   f"{','.join(PRIMITIVES)}; verify_logits runs on cpu, reference, numba)")
     p.add_argument("--out", default="fuzz-failures",
                    help="directory for reproducers (default ./fuzz-failures)")
     p.add_argument("--skip-missing", action="store_true",
@@ -128,7 +129,7 @@ class Progress:
 def _summary(stats, seconds, backends, out):
     cols = ("primitive", "cases", "agreed", "same error", "mismatch", "skipped")
     rows = []
-    for prim in PRIMITIVES:
+    for prim in ALL_PRIMITIVES:
         s = stats.get(prim)
         if s:
             rows.append((prim, s["cases"], s["agreed"], s["raised"], s["mismatch"], s["skipped"]))
@@ -151,9 +152,9 @@ def run_fuzz(args, out=None):
     out = out or sys.stdout
     backends = resolve_backends(args.backends, args.skip_missing, args.no_reference)
     prims = tuple(p.strip() for p in args.primitives.split(",") if p.strip())
-    bad = [p for p in prims if p not in PRIMITIVES]
+    bad = [p for p in prims if p not in ALL_PRIMITIVES]
     if bad or not prims:
-        print(f"error: unknown primitive(s) {bad}; expected some of {list(PRIMITIVES)}",
+        print(f"error: unknown primitive(s) {bad}; expected some of {list(ALL_PRIMITIVES)}",
               file=sys.stderr)
         return 2
     print(f"dyadic.fuzz: seed {args.seed}, {args.cases} cases, backends {','.join(backends)} "

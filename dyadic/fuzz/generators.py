@@ -11,20 +11,23 @@ every backend must then raise the same exception with the same message.
 import numpy as np
 
 from .. import _spec
-from .case import PRIMITIVES, Case
+from .case import ALL_PRIMITIVES, Case
 
 U32 = 0xFFFFFFFF
 U64 = (1 << 64) - 1
 # primitive mix: the reference cost of verify and propose dominates
-_WEIGHTS = {"allocate": 0.25, "propose": 0.25, "draw": 0.15, "verify": 0.25, "philox": 0.10}
+_WEIGHTS = {"allocate": 0.25, "propose": 0.25, "draw": 0.15, "verify": 0.25, "philox": 0.10,
+            "verify_logits": 0.25}
 _SMALL_VOCABS = (1, 2, 3, 5, 7, 8, 13, 31, 32, 33, 64, 111, 127, 255, 257)
 _LARGE_VOCABS = (4097, 32000, 65537, 129280)
 
 
-def generate(seed, index, primitives=PRIMITIVES):
+def generate(seed, index, primitives=None):
     """Case ``index`` of the stream ``seed`` (independent of every other case)."""
     rng = np.random.default_rng([int(seed) & U64, int(index), 0x5EED])
-    prims = [p for p in PRIMITIVES if p in primitives]
+    from .case import PRIMITIVES
+    primitives = PRIMITIVES if primitives is None else primitives
+    prims = [p for p in ALL_PRIMITIVES if p in primitives]
     w = np.array([_WEIGHTS[p] for p in prims])
     prim = prims[int(rng.choice(len(prims), p=w / w.sum()))]
     invalid = rng.random() < 0.125
@@ -422,6 +425,80 @@ def gen_verify(rng, invalid):
     return Case("verify", arrays, {"vocab": q_vocab}, label)
 
 
+def gen_verify_logits(rng, invalid):
+    """verify(logits=True): target logits [B, k+1, V] of any float dtype (ties, -inf
+    masks, huge values), per-request temperature (0: greedy request), top_k, top_p,
+    min_p (scalars or arrays, off or on), q dense / sparse / point mass, drafts from q;
+    ragged counts sometimes.  Invalid: NaN / +inf logits, a row of -inf, out-of-range
+    parameters, draft ids outside [0, V)."""
+    v = int(rng.choice(_SMALL_VOCABS[1:]))
+    b = int(rng.integers(1, 5))
+    k = int(rng.choice([0, 1, 2, 3]))
+    x, kind = _logits(rng, (b, k + 1, v))
+    dtype = _float_dtype(rng)
+    arrays = {"target": _encode(x, dtype)}
+    temp = rng.choice([0.0, 0.5, 0.7, 1.0, 1.7], size=b)
+    arrays["temperature"] = temp.astype(np.float64)
+    if rng.random() < 0.5:
+        arrays["top_k"] = rng.choice([0, 1, 2, 5, v, v + 3], size=b).astype(np.int64)
+    if rng.random() < 0.5:
+        arrays["top_p"] = rng.choice([1.0, 0.95, 0.5, 0.1, 1e-7], size=b).astype(np.float32)
+    if rng.random() < 0.4:
+        arrays["min_p"] = rng.choice([0.0, 0.05, 0.3, 1.0], size=b).astype(np.float32)
+    qmode = str(rng.choice(["dense", "sparse", "point"]))
+    if qmode == "point" or k == 0:
+        draft = rng.integers(0, v, size=(b, k)).astype(np.int32)
+    else:
+        counts, ids = _dyadic_rows(rng, b * k, v, qmode == "sparse")
+        w = counts.shape[-1]
+        arrays["q_counts"] = counts.reshape(b, k, w)
+        if ids is not None:
+            arrays["q_ids"] = ids.reshape(b, k, w)
+        draft = np.empty(b * k, dtype=np.int32)
+        for r in range(b * k):
+            j = int(rng.choice(np.flatnonzero(counts[r] > 0)))
+            draft[r] = j if ids is None else ids[r, j]
+        draft = draft.reshape(b, k)
+    arrays["draft"] = draft
+    if rng.random() < 0.3:
+        arrays["greedy"] = (rng.random(b) < 0.5).astype(np.uint8)
+    arrays.update(_keys(rng, b, k))
+    label = f"{kind}/{qmode}/{dtype}"
+    if k and rng.random() < 0.3:
+        label += "/ragged"
+        n = rng.integers(0, k + 1, size=b).astype(np.int32)
+        arrays["num_drafts"] = n
+        for r in range(b):  # padding beyond the count: never read
+            if rng.random() < 0.5:
+                arrays["draft"][r, int(n[r]):] = v + 3
+    if invalid:
+        r = rng.random()
+        bb = int(rng.integers(0, b))
+        t = x.copy()
+        if r < 0.3:
+            t[bb, 0, int(rng.integers(0, v))] = np.nan if r < 0.15 else np.inf
+            label = "target_value"
+        elif r < 0.45:
+            t[bb, 0] = -np.inf
+            label = "target_zero_mass"
+        elif r < 0.6:
+            arrays["temperature"][bb] = -1.0
+            label = "temperature"
+        elif r < 0.75:
+            arrays["top_p"] = np.ones(b, np.float32)
+            arrays["top_p"][bb] = 1.5
+            label = "top_p"
+        elif r < 0.85:
+            arrays["min_p"] = np.zeros(b, np.float32)
+            arrays["min_p"][bb] = -0.5
+            label = "min_p"
+        elif k:
+            arrays["draft"][bb, 0] = v
+            label = "draft_range"
+        arrays["target"] = _encode(t, dtype)
+    return Case("verify_logits", arrays, {"vocab": v, "dtype": dtype}, label)
+
+
 def gen_philox(rng, invalid):
     n = int(rng.integers(1, 40))
     counter = rng.integers(0, U32, size=(n, 4), dtype=np.uint64, endpoint=True)
@@ -447,4 +524,4 @@ def gen_philox(rng, invalid):
 
 
 _GEN = {"allocate": gen_allocate, "propose": gen_propose, "draw": gen_draw,
-        "verify": gen_verify, "philox": gen_philox}
+        "verify": gen_verify, "philox": gen_philox, "verify_logits": gen_verify_logits}

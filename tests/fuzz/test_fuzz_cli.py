@@ -59,6 +59,20 @@ def test_same_seed_same_cases():
 
 def test_primitive_filter():
     assert {generate(1, i, ("verify",)).primitive for i in range(10)} == {"verify"}
+    # verify(logits=True) is opt-in: the default stream never draws it
+    assert "verify_logits" not in {generate(3, i).primitive for i in range(200)}
+    assert {generate(1, i, ("verify_logits",)).primitive for i in range(10)} == {"verify_logits"}
+
+
+def test_bounded_logits_fuzz_cpu_and_reference(tmp_path, capsys):
+    """verify(logits=True): cpu == reference on random and adversarial cases (ties, -inf
+    masks, f16 / bf16 logits, per-request temperature 0, top_k, top_p, min_p, ragged
+    counts; invalid logits and parameters raise the same error)."""
+    rc = main(["--primitives", "verify_logits", "--backends", "cpu,reference", "--cases", "80",
+               "--seed", "0", "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "verify_logits" in out and "OK:" in out
 
 
 def test_injected_mismatch_is_found_shrunk_and_replayable(fake_backends, tmp_path, capsys):
