@@ -352,6 +352,21 @@ def _ragged(rng, arrays, b, k, v):
             draft[r, m:] = v + 3
 
 
+def _q_and_drafts(rng, arrays, counts, ids, b, k):
+    """Store the q rows ``counts`` / ``ids`` [b * k, W] as ``arrays["q_counts"]`` /
+    ``["q_ids"]`` [b, k, W] and return drafts int32 [b, k], each sampled where its
+    row's count is > 0."""
+    w = counts.shape[-1]
+    arrays["q_counts"] = counts.reshape(b, k, w)
+    if ids is not None:
+        arrays["q_ids"] = ids.reshape(b, k, w)
+    draft = np.empty(b * k, dtype=np.int32)
+    for r in range(b * k):
+        j = int(rng.choice(np.flatnonzero(counts[r] > 0)))
+        draft[r] = j if ids is None else ids[r, j]
+    return draft.reshape(b, k)
+
+
 def gen_verify(rng, invalid):
     v = _vocab(rng, large_ok=rng.random() < 0.3)
     if v > 5000:
@@ -376,16 +391,7 @@ def gen_verify(rng, invalid):
             counts, ids = np.stack(rows).astype(np.uint32), None
         else:
             counts, ids = _dyadic_rows(rng, b * k, v, qmode == "sparse")
-        w = counts.shape[-1]
-        arrays["q_counts"] = counts.reshape(b, k, w)
-        if ids is not None:
-            arrays["q_ids"] = ids.reshape(b, k, w)
-        # draft sampled where q > 0
-        draft = np.empty(b * k, dtype=np.int32)
-        for r in range(b * k):
-            j = int(rng.choice(np.flatnonzero(counts[r] > 0)))
-            draft[r] = j if ids is None else ids[r, j]
-        draft = draft.reshape(b, k)
+        draft = _q_and_drafts(rng, arrays, counts, ids, b, k)
     arrays["draft"] = draft
     if rng.random() < 0.4:
         arrays["greedy"] = (rng.random(b) < 0.5).astype(np.uint8)
@@ -450,15 +456,7 @@ def gen_verify_logits(rng, invalid):
         draft = rng.integers(0, v, size=(b, k)).astype(np.int32)
     else:
         counts, ids = _dyadic_rows(rng, b * k, v, qmode == "sparse")
-        w = counts.shape[-1]
-        arrays["q_counts"] = counts.reshape(b, k, w)
-        if ids is not None:
-            arrays["q_ids"] = ids.reshape(b, k, w)
-        draft = np.empty(b * k, dtype=np.int32)
-        for r in range(b * k):
-            j = int(rng.choice(np.flatnonzero(counts[r] > 0)))
-            draft[r] = j if ids is None else ids[r, j]
-        draft = draft.reshape(b, k)
+        draft = _q_and_drafts(rng, arrays, counts, ids, b, k)
     arrays["draft"] = draft
     if rng.random() < 0.3:
         arrays["greedy"] = (rng.random(b) < 0.5).astype(np.uint8)
