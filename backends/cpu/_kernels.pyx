@@ -203,6 +203,20 @@ def draw(const uint32_t[:, ::1] counts, ids, const uint64_t[::1] seed,
                 tokens[b] = dy_draw_dense(&counts[b, 0], W, r)
 
 
+cdef int _verify_row_shapes(Py_ssize_t B, Py_ssize_t k1, Py_ssize_t greedy, Py_ssize_t seed,
+                            Py_ssize_t generation, Py_ssize_t round_, Py_ssize_t position,
+                            Py_ssize_t accepted, Py_ssize_t tokens0, Py_ssize_t tokens1,
+                            Py_ssize_t status) except -1:
+    """verify's per-request arrays: greedy flags, the four key fields, accepted,
+    tokens [B, k+1] and status (ValueError naming the array)."""
+    _shape1("greedy", greedy, B)
+    _key_shapes("verify", B, seed, generation, round_, position, B)
+    _shape1("accepted", accepted, B)
+    _shape2("tokens", tokens0, tokens1, B, k1)
+    _shape1("status", status, B)
+    return 0
+
+
 cdef Py_ssize_t _q_width(q_counts, q_ids, Py_ssize_t B, Py_ssize_t k, Py_ssize_t V) except -1:
     """The row width W of verify's q (V for a dense or a point-mass q); ValueError
     naming the array whose shape does not fit [B, k, W] (dense: W = V)."""
@@ -257,12 +271,9 @@ def verify(target, const int32_t[:, ::1] draft, q_counts, q_ids, const uint8_t[:
         qc = q_counts
     if has_ids:
         qi = q_ids
-    _shape1("greedy", greedy.shape[0], B)
-    _key_shapes("verify", B, seed.shape[0], generation.shape[0], round.shape[0],
-                position.shape[0], B)
-    _shape1("accepted", accepted.shape[0], B)
-    _shape2("tokens", tokens.shape[0], tokens.shape[1], B, k1)
-    _shape1("status", status.shape[0], B)
+    _verify_row_shapes(B, k1, greedy.shape[0], seed.shape[0], generation.shape[0],
+                       round.shape[0], position.shape[0], accepted.shape[0], tokens.shape[0],
+                       tokens.shape[1], status.shape[0])
     cdef const int32_t[::1] nd
     cdef bint ragged = num_drafts is not None
     if ragged:
@@ -322,16 +333,13 @@ def verify_logits(const float[:, :, ::1] target, const int32_t[:, ::1] draft, q_
         qc = q_counts
     if has_ids:
         qi = q_ids
-    _shape1("greedy", greedy.shape[0], B)
+    _verify_row_shapes(B, k1, greedy.shape[0], seed.shape[0], generation.shape[0],
+                       round.shape[0], position.shape[0], accepted.shape[0], tokens.shape[0],
+                       tokens.shape[1], status.shape[0])
     _shape1("temperature", temperature.shape[0], B)
     _shape1("top_k", top_k.shape[0], B)
     _shape1("top_p", tp.shape[0], B)
     _shape1("min_p", mp.shape[0], B)
-    _key_shapes("verify", B, seed.shape[0], generation.shape[0], round.shape[0],
-                position.shape[0], B)
-    _shape1("accepted", accepted.shape[0], B)
-    _shape2("tokens", tokens.shape[0], tokens.shape[1], B, k1)
-    _shape1("status", status.shape[0], B)
     cdef const int32_t[::1] nd
     cdef bint ragged = num_drafts is not None
     if ragged:
