@@ -29,7 +29,7 @@ _DEVICE = []  # [dyadic._device] once a GPU array was seen
 
 
 def _no_device_logits(what):
-    """The GPU call path has no route for the sampling-parameter primitives yet."""
+    """allocate / propose with top_p, min_p or a per-row top_k have no GPU kernels."""
     raise _backend.BackendUnavailable(
         f"{what}: not available for GPU arrays (the cuda backend has no kernels for it); "
         f"pass host arrays to backend 'cpu', 'reference' or 'numba'")
@@ -456,7 +456,10 @@ def verify(target, draft, q, keys, *, greedy=None, backend="cpu", check=True, ou
                          "(logits=True); target probabilities are used as given")
     if _on_device(backend, target):  # GPU path (dyadic/_device.py)
         if logits:
-            _no_device_logits("verify(logits=True)")
+            return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
+                                 check=check, out=out, num_drafts=num_drafts, logits=True,
+                                 params=(1.0 if temperature is None else temperature, top_k,
+                                         top_p, min_p))
         return _gpu().verify(target, draft, q, keys, greedy=greedy, backend=backend,
                              check=check, out=out, num_drafts=num_drafts)
     be = _backend.get(backend)

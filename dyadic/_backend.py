@@ -23,7 +23,8 @@ class Backend:
     ``has_logits_verify`` (``verify_logits``: verification from target logits and
     per-request sampling parameters), ``has_logits_filters`` (``allocate_filtered``
     / ``propose_filtered``: allocation on the support kept by min-p, top-k and top-p),
-    ``graph_capturable`` (check=False calls with device
+    ``device_logits_verify`` (``verify_logits_runner``: verify from logits on device
+    arrays, dyadic._device), ``graph_capturable`` (check=False calls with device
     keys and ``out=`` launch only kernels on the caller's stream: capturable in a
     CUDA graph).  The defaults here are the plain behaviour: a backend
     is a checklist of the kernels below.
@@ -34,6 +35,7 @@ class Backend:
     has_lazy_verify = False
     has_logits_verify = False
     has_logits_filters = False
+    device_logits_verify = False
     graph_capturable = False
 
     def usable(self):
@@ -148,6 +150,16 @@ class Backend:
 
         def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
             method(t, d, qc, qi, g, *keys, a, tk, st, nd)
+        return run
+
+    def verify_logits_runner(self, batch, k1, v, width, x_dtype):
+        """``run(target, draft, q_counts, q_ids, greedy_flags, params, keys, accepted,
+        tokens, status, num_drafts=None)`` for verify(logits=True) calls of this shape on
+        device arrays (only where ``device_logits_verify``): target logits [batch, k1, v]
+        of ``x_dtype`` (torch float32 / float16 / bfloat16), ``params`` the four
+        parameter tensors of ``verify_logits`` (top_p / min_p float32)."""
+        def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):
+            self.verify_logits(t, d, qc, qi, g, *params, *keys, a, tk, st, nd)
         return run
 
 

@@ -265,17 +265,28 @@ def draw(q, keys, *, backend, check=True, out=None):
 
 
 class _VerifyPlan:
-    """verify of one configuration: a float32 target [B, k+1, V] on one device, q None
-    or of one width and kind, greedy flags given or not, ``check``."""
+    """verify of one configuration: a target [B, k+1, V] on one device (float32
+    probabilities, or with ``logits`` float32 / float16 / bfloat16 logits), q None or of
+    one width and kind, greedy flags given or not, ``check``."""
 
     __slots__ = ("backend", "be", "dev", "didx", "b", "k", "v", "w", "check", "lazy",
-                 "greedy", "specs", "kind", "run", "bk", "zeros", "ragged")
+                 "greedy", "specs", "kind", "run", "bk", "zeros", "ragged", "logits",
+                 "x_dtype")
 
-    def __init__(self, t, q_width, greedy, backend, check, lazy, kind, ragged=False):
+    def __init__(self, t, q_width, greedy, backend, check, lazy, kind, ragged=False,
+                 logits=False):
         torch = _ga._TORCH
         self.be = _backend.get(backend)
         self.backend, self.check, self.lazy, self.kind = backend, check, lazy, kind
-        if t.dtype != torch.float32:
+        self.logits, self.x_dtype = logits, t.dtype
+        if logits:
+            if not self.be.device_logits_verify:
+                raise _backend.BackendUnavailable(
+                    f"verify(logits=True): backend {backend!r} has no kernels for it on GPU "
+                    f"arrays; use backend 'cuda', or host arrays with backend 'cpu', "
+                    f"'reference' or 'numba'")
+            _ga._float_dtype(t, "target")
+        elif t.dtype != torch.float32:
             raise TypeError(f"target: dtype {_arrays.dtype_name(t)}; expected float32 "
                             f"probabilities")
         if t.dim() != 3:
@@ -298,13 +309,16 @@ class _VerifyPlan:
         self.run = None
 
     def make_run(self):
+        if self.logits:
+            return self.be.verify_logits_runner(self.b, self.k + 1, self.v, self.w,
+                                                self.x_dtype)
         if self.ragged:
             return self.be.verify_runner(self.b, self.k + 1, self.v, self.w, self.greedy,
                                          self.lazy and not self.greedy, ragged=True)
         return self.be.verify_runner(self.b, self.k + 1, self.v, self.w, self.greedy,
                                      self.lazy and not self.greedy)
 
-    def __call__(self, t, draft, q, keys, out, greedy, num_drafts=None):
+    def __call__(self, t, draft, q, keys, out, greedy, num_drafts=None, params=None):
         torch = _ga._TORCH
         if not t.is_contiguous():
             t = t.contiguous()
@@ -326,6 +340,8 @@ class _VerifyPlan:
                 _ga._check_draft(d, v)
         else:
             d = _ga._draft(draft, self.bk, self.dev, check, v)
+        if self.logits:  # (temperature, top_k, top_p, min_p) as four device tensors [B]
+            params = _ga._logits_params(*params, b, self.dev, self.check)
         qc = qi = None
         if q is not None:
             # q's fields read directly (the public properties cost a Python call each); a q
@@ -343,7 +359,9 @@ class _VerifyPlan:
         keys_b = _ga._keys(keys, b, self.dev, check, extra=self.k)
         accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
         if b:
-            if nd is None:
+            if self.logits:
+                _run(self, t, d, qc, qi, g, params, keys_b, accepted, tokens, status, nd)
+            elif nd is None:
                 _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status)
             else:
                 _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status, nd)
@@ -356,7 +374,11 @@ class _VerifyPlan:
                        None if check else _ga._back(status, kind))
 
 
-def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num_drafts=None):
+def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num_drafts=None,
+           logits=False, params=None):
+    """``params``: (temperature, top_k, top_p, min_p) as given to dyadic.verify (with
+    ``logits``).  check="lazy" on logits targets validates every row it uses, as
+    check=False (each row's processing reads all of it)."""
     lazy = check == "lazy"  # any other string was refused by dyadic.verify
     if lazy:
         check = False
@@ -370,10 +392,10 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num
         qk = qw = 0
     ragged = num_drafts is not None
     key = ("verify", backend, t.shape, t.dtype, t.device, qk, greedy is None, check, lazy,
-           kind, ragged)
+           kind, ragged, logits)
     plan = _plan(key, _VerifyPlan, t, qw or 0, greedy is not None, backend, check, lazy,
-                 kind, ragged)
-    return plan(t, draft, q, keys, out, greedy, num_drafts)
+                 kind, ragged, logits)
+    return plan(t, draft, q, keys, out, greedy, num_drafts, params)
 
 
 __all__ = ["allocate", "draw", "propose", "verify", "GPU_BACKENDS"]

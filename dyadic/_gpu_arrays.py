@@ -356,3 +356,73 @@ def _num_drafts(n, batch, k, device, check):
         return t.contiguous(), host
     host = _validate.num_drafts(n, batch, k, check=check)
     return _host_tensor(host, device).contiguous(), (host if check else None)
+
+
+_PARAMS_CACHE = {}  # (device, batch, scalar parameters) -> the four device tensors
+
+
+def _logits_params(temperature, top_k, top_p, min_p, batch, device, check):
+    """verify(logits=True)'s parameters as four contiguous device tensors [B]:
+    temperature float64, top_k int64, top_p and min_p float32 (the kernels read the
+    float32 bits; docs/semantics.md "Target logits").
+
+    Python scalars (and None) are validated once and cached per value (no copy: the
+    eager hot path, and graph capture works).  CUDA tensors (shape (B,) or (1,)) stay on
+    the device with ``check`` False, never read on the host (the kernels check every
+    value: TEMPERATURE_INVALID, TOP_K_INVALID, TOP_P_INVALID, MIN_P_INVALID), converted
+    there when their dtype differs: a float64 top_p / min_p outside its range becomes NaN
+    before the float32 rounding, as ``_validate.logits_target_params`` does on the host.
+    ``check`` True validates a host copy (ValueError naming the argument, the row and
+    the rule).  Host arrays go through ``_validate.logits_target_params``."""
+    torch = _TORCH or _torch()
+    vals = (temperature, top_k, top_p, min_p)
+    scalar = all(v is None or type(v) in (float, int) for v in vals)
+    if scalar:
+        key = (device, batch, check) + tuple((type(v), v) for v in vals)
+        hit = _PARAMS_CACHE.get(key)
+        if hit is not None:
+            return hit
+    dev = [isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in vals]
+    if any(dev) and not check:
+        out = []
+        for v, d, (name, dtype) in zip(vals, dev, (("temperature", torch.float64),
+                                                   ("top_k", torch.int64),
+                                                   ("top_p", torch.float32),
+                                                   ("min_p", torch.float32))):
+            if not d:  # a host value among device ones: converted on the host
+                one = [None, None, None, None]
+                one[len(out)] = v
+                if one[0] is None:
+                    one[0] = 1.0
+                host = _validate.logits_target_params(*one, batch, check=False)
+                out.append(torch.from_numpy(host[len(out)].copy()).to(device))
+                continue
+            t = v.reshape(-1)
+            if t.shape[0] not in (1, batch):
+                raise ValueError(f"{name}: expected a scalar or shape ({batch},), got "
+                                 f"{tuple(v.shape)}")
+            if t.is_complex() or t.dtype == torch.bool:
+                raise TypeError(f"{name}: dtype {_arrays.dtype_name(t)} is not supported")
+            if name == "top_k" and t.is_floating_point():
+                raise TypeError(f"top_k: dtype {_arrays.dtype_name(t)} is not an integer dtype")
+            t = t.to(device)
+            if t.dtype != dtype:
+                if name in ("top_p", "min_p") and t.dtype != torch.float32:
+                    raw = t.to(torch.float64)
+                    f32 = raw.to(torch.float32)
+                    ok = (raw >= 0) & (raw <= 1)
+                    if name == "top_p":
+                        ok = ok & (raw > 0) & (f32 > 0)
+                    t = torch.where(ok, f32, torch.full_like(f32, float("nan")))
+                else:
+                    t = t.to(dtype)
+            out.append(t.expand(batch).contiguous())
+        return tuple(out)
+    host = [v.cpu().numpy() if d else v for v, d in zip(vals, dev)]
+    arrays = _validate.logits_target_params(*host, batch, check=check)
+    out = tuple(torch.from_numpy(a.copy()).to(device) for a in arrays)
+    if scalar:
+        if len(_PARAMS_CACHE) > 256:
+            _PARAMS_CACHE.clear()
+        _PARAMS_CACHE[key] = out
+    return out

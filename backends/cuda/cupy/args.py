@@ -269,3 +269,23 @@ def num_drafts(call, nd, batch):
     if dt is None or not str(dt).endswith("int32") or str(dt).endswith("uint32"):
         raise ValueError(f"num_drafts: dtype {dt} must be int32")
     return call(nd)
+
+
+_PARAM_SPECS = (("temperature", 8, "float64"), ("top_k", 8, "int64"), ("top_p", 4, "float32"),
+                ("min_p", 4, "float32"))
+
+
+def logits_params(call, temperature, top_k, top_p, min_p, batch):
+    """The pointers of verify(logits=True)'s parameter arrays: temperature float64, top_k
+    int64, top_p / min_p float32 (read as bit patterns), each of shape (B,), device or
+    NumPy (ValueError / TypeError naming the array otherwise: the kernels read entry b of
+    each for every request b).  Their values are the kernels' to check."""
+    out = []
+    for (name, size, dtype), a in zip(_PARAM_SPECS, (temperature, top_k, top_p, min_p)):
+        if shape_of(a) != (batch,):
+            raise ValueError(f"{name}: shape {shape_of(a)} must be ({batch},)")
+        dt = dtype_name(a)
+        if dt != dtype:
+            raise TypeError(f"{name}: dtype {dt} must be {dtype}")
+        out.append(call(a))
+    return tuple(out)

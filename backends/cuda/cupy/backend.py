@@ -20,6 +20,9 @@ from . import args as A, plans, runtime
 class CupyBackend(Backend):
     name = "cuda"
     has_lazy_verify = True
+    has_logits_verify = True
+    #: verify(logits=True) on device arrays (dyadic._device; kernels verify_logits.cuh).
+    device_logits_verify = True
     #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
     reads_half_precision = True
     #: propose / verify with check=False and out= launch only kernels on the
@@ -122,6 +125,23 @@ class CupyBackend(Backend):
         self._verify(target, draft, q_counts, q_ids, None, (seed, generation, round, position),
                      (accepted, tokens, status), False, True, num_drafts)
 
+    def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
+                      min_p, seed, generation, round, position, accepted, tokens, status,
+                      num_drafts=None):
+        """verify(logits=True): logits_max, logits_hist, logits_resolve (x2), logits_chain,
+        logits_residual (routes.py).  target float32 / float16 / bfloat16 logits."""
+        batch, k, v, w, call, kptrs, kfmt, p_in, (a, tk, st) = A.verify_setup(
+            target, q_counts, seed, generation, round, position,
+            (target, draft, q_counts, q_ids, greedy), (accepted, tokens, status))
+        t, d, qc, qi, g = p_in
+        params = A.logits_params(call, temperature, top_k, top_p, min_p, batch)
+        nd = A.num_drafts(call, num_drafts, batch) if num_drafts is not None else A.NULL
+        plan = plans.logits_verify_plan(runtime.device_id(), batch, k + 1, v, w,
+                                        A.x_code(target))
+        plan.launch((t, *params, g, nd, d, qc, qi, *kptrs, kfmt, a, tk, st))
+        if call.back:  # NumPy outputs to copy back
+            call.finish()
+
     # --------------------------------------------------------------- runners
     # dyadic._device's call plans: torch tensors in, the launch plan found once.
     def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose):
@@ -173,4 +193,25 @@ class CupyBackend(Backend):
                    0 if qi is None else qi.data_ptr(), g.data_ptr() if greedy else 0, kptrs,
                    kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr(),
                    0 if nd is None else nd.data_ptr())
+        return run
+
+    def verify_logits_runner(self, batch, k1, v, width, x_dtype):
+        if k1 - 1 > A.MAX_K_VERIFY:
+            raise ValueError(f"draft: backend 'cuda' verifies at most {A.MAX_K_VERIFY} draft "
+                             f"tokens per request, got k={k1 - 1}")
+        x_code = A.DT_CODES[str(x_dtype).replace("torch.", "")]
+        launch = plans.logits_verify_plan(runtime.device_id(), batch, k1, v, width,
+                                          x_code).launch
+        keys_of = A.keys
+
+        def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):
+            # params: temperature float64, top_k int64, top_p / min_p float32 device
+            # tensors [B] (dyadic._gpu_arrays._logits_params); nd as verify_runner's
+            kptrs, kfmt = keys_of(A.Call(), *keys, batch)
+            temp, topk, topp, minp = params
+            launch((t.data_ptr(), temp.data_ptr(), topk.data_ptr(), topp.data_ptr(),
+                    minp.data_ptr(), 0 if g is None else g.data_ptr(),
+                    0 if nd is None else nd.data_ptr(), d.data_ptr(),
+                    0 if qc is None else qc.data_ptr(), 0 if qi is None else qi.data_ptr(),
+                    *kptrs, kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr()))
         return run

@@ -331,6 +331,67 @@ class OneLaunchVerify(_OneKernelVerify):
             I32[batch]), _VERIFY_NAMES, bufs)
 
 
+class LogitsVerify:
+    """verify(logits=True): logits_max, logits_hist, logits_resolve (twice) over (tile,
+    row) grids, then logits_chain (one block per request) and logits_residual (tile,
+    request).  Per-call words: the target, the four parameter arrays (float64
+    temperature, int64 top_k, float32 top_p and min_p as bit patterns), the greedy
+    flags or 0, num_drafts or 0, the draft, q, keys and outputs."""
+
+    NAMES = ("t", "temp", "topk", "topp", "minp", "g", "nd", "d", "qc", "qi", "key0", "key1",
+             "key2", "key3", "kfmt", "a", "tk", "st")
+
+    def __init__(self, batch, k1, v, w, nsm, x_code):
+        rows, k = batch * k1, k1 - 1
+        tile, rt = routes.logits_tiles(v, batch, k1, nsm)
+        nt, nrt = -(-v // tile), -(-v // rt)
+        nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
+        bufs = (runtime.scratch("lg_part_key", 8 * rows * nt),
+                runtime.scratch("lg_part_id", 4 * rows * nt),
+                runtime.scratch("lg_part_bad", 4 * rows * nt),
+                runtime.scratch("lg_rec", 8 * 16 * rows), runtime.scratch("lg_cnt", 4 * rows),
+                runtime.scratch("lg_hcnt", 4 * rows * nb), runtime.scratch("lg_hmass", 8 * rows * nb),
+                runtime.scratch("lg_cand_key", 8 * rows * cap),
+                runtime.scratch("lg_cand_id", 4 * rows * cap), runtime.scratch("lg_cand_n", 4 * rows),
+                runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
+                runtime.scratch("lg_rcnt", 4 * batch))
+        (pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, res_row, rpart,
+         rcnt) = _ptrs(bufs)
+        head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
+                                                                 "g", "nd")),
+                I32[batch], I32[k], I32[v])
+        grid = routes.rgrid(nt, rows)
+        tail = (I32[nt], np.int32(tile))
+        q_in = (_VAR("d"), _VAR("qc"), _VAR("qi"), I32[w], *_KEYVARS, _KFMT)
+        names = self.NAMES
+        self.steps = (
+            _Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
+                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn), names, bufs),
+            _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
+                rec, cnt, hcnt, hmass), names),
+            _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
+                rec, cnt, hcnt, hmass, ckey, cid, cn), names),
+            _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
+                rec, cnt, hcnt, hmass, ckey, cid, cn), names),
+            _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
+                rec, res_row, *_VOUT), names),
+            _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
+                I32[nrt], np.int32(rt)) + q_in + (rec, res_row, rpart, rcnt, *_VOUT), names))
+
+    def launch(self, values):
+        for step in self.steps:
+            step.go(values)
+
+
+def logits_verify_plan(dev, batch, k1, v, w, x_code):
+    """The plan of a verify(logits=True) call (target dtype code ``x_code``)."""
+    key = ("verify_logits", dev, batch, k1, v, w, int(x_code))
+    plan = PLANS.get(key)
+    if plan is None:
+        plan = get(key, LogitsVerify, batch, k1, v, w, runtime.num_sms(), x_code)
+    return plan
+
+
 _VERIFY_KINDS = {"lazy": LazyVerify, "one_launch": OneLaunchVerify,
                  "two_launch": TwoLaunchVerify}
 

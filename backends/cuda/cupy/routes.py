@@ -22,6 +22,10 @@ Routes (kernel names of backends/cuda/kernels/):
 - verify, check="lazy", without greedy requests or num_drafts: ``verify_lazy`` (``verify_lazy_r64``
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
+- verify(logits=True), every check mode: ``logits_max``, ``logits_hist``,
+  ``logits_resolve`` (twice), ``logits_chain``, ``logits_residual``.  A logits target
+  is processed in full before any decision (its maximum, total and cuts depend on every
+  token), so check="lazy" validates every row it uses, as check=False.
 """
 
 # --- top-k -----------------------------------------------------------------------------
@@ -72,6 +76,11 @@ LAZY_LIST_CAP = 2048
 #: verify_chain / verify_residual tiles: >= ~4 blocks per SM, at most 16384 / 8192 ids.
 CHAIN_MAX_TILE = 16384
 RESIDUAL_MAX_TILE = 8192
+
+#: verify(logits=True): tiles of the per-row passes and of the residual row, >= ~4
+#: blocks per SM, at most 8192 ids (the passes recompute every weight: short tiles keep
+#: every SM busy at B = 1).
+LOGITS_MAX_TILE = 8192
 
 #: the largest grid y and z dimension.
 GRID_YZ = 65535
@@ -209,11 +218,18 @@ def chain_tiles(v, batch, k1, nsm):
             tile_for(v, batch, nsm, RESIDUAL_MAX_TILE))
 
 
+def logits_tiles(v, batch, k1, nsm):
+    """(the per-row passes' tile, logits_residual's tile) of verify(logits=True)."""
+    return (tile_for(v, batch * k1, nsm, LOGITS_MAX_TILE),
+            tile_for(v, batch, nsm, LOGITS_MAX_TILE))
+
+
 def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for
-    allocate / propose; k1, greedy, lazy, ragged (num_drafts given) for verify."""
+    allocate / propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits
+    target) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
@@ -231,6 +247,9 @@ def kernel_names(primitive, **shape):
                 and wide_vector_loads(v, x16)):
             return (PACKED_KERNELS[packed_choice(b, v, nsm)],)
         return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
+    if shape.get("logits", False):
+        return ("logits_max", "logits_hist", "logits_resolve", "logits_resolve",
+                "logits_chain", "logits_residual")
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
                          shape.get("lazy", False), shape.get("ragged", False))
     if route == "lazy":

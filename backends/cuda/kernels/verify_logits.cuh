@@ -1,0 +1,673 @@
+/* ========================================================================
+ * verify(..., logits=True): target rows of logits processed into exact integer
+ * distributions (docs/semantics.md "Target logits"; dy_logits_target_row of the core
+ * is the host form of the same rules), then the acceptance chain and the residual /
+ * bonus draw of section 5.  Five launches, every one graph-capturable (per-row state
+ * lives in scratch that each call rewrites before reading):
+ *
+ *  logits_max       grid (tiles, rows): per tile the largest z (ties: lowest id) and
+ *                   the NaN / +inf flag; the row's last block sets its record (status,
+ *                   zmax, argmax, min-p threshold) and zeroes its histogram.
+ *  logits_hist      grid (tiles, rows): the weight W_v of every token (the fixed-point
+ *                   exponential of allocate) and, over the survivors of min-p with
+ *                   W_v > 0, a histogram of counts and masses by gap bucket
+ *                   floor(64 * (zmax - z_v)) (monotone in the ranking: z descending);
+ *                   the last block finds the bucket where top-k's count or top-p's mass
+ *                   is reached.
+ *  logits_resolve   (launched twice) grid (tiles, rows): the survivors in that bucket
+ *                   are gathered; the last block sorts them by (z desc, id asc) and
+ *                   takes the exact cut; a top-p cut after a top-k cut may need the
+ *                   second launch.  More than LG_CAP tokens in one bucket (ties of
+ *                   thousands of equal logits): the last block selects by an 8-bit
+ *                   radix over the whole row instead (exact, slower).
+ *  logits_chain     grid (1, B): the request's checks in the CPU backend's order and
+ *                   the acceptance chain on P(d) computed from the logits.
+ *  logits_residual  grid (tiles, B): the residual (or bonus) row's tile sums; the
+ *                   request's last block draws the tile, then the token in it.
+ *
+ * Tokens with W_v = 0 have P_v = 0 whatever the filters decide, and they rank after
+ * every token with W_v > 0 (W is monotone in z): the filters are decided over the
+ * tokens with W_v > 0 only.  The kept set is then a prefix of the ranking, held as two
+ * cuts (top-k, top-p): token v with key kv is kept iff kv > cut key, or kv == cut key
+ * and v <= cut id.
+ * ====================================================================== */
+#define LG_NB 2048   /* gap buckets: W > 0 implies zmax - z < 32 */
+#define LG_CAP 2048  /* tokens of one bucket resolved in shared memory (= LG_NB: the
+                        arrays serve both) */
+#define LG_REC 16    /* u64 words of a row record */
+
+enum { LG_ST = 0, LG_MAXKEY, LG_ARG, LG_KKEY, LG_KID, LG_PKEY, LG_PID, LG_T, LG_S, LG_MPW,
+       LG_STAGE, LG_BUCKET, LG_NEED, LG_BASE };
+enum { LG_DONE = 0, LG_RES_K = 1, LG_RES_P = 2 };
+
+/* One request's parameters: n its depth (vr_depth), code the first failing rule
+ * (NUM_DRAFTS_INVALID, then dy_logits_params_status), greedy when flagged or T = 0. */
+struct LgReq { double temp; i64 topk; u32 topp, minp; int n, code, greedy; };
+
+DC_FN LgReq lg_req(const double* temp, const i64* topk, const u32* topp, const u32* minp,
+                   const unsigned char* g, const int* nd, int b, int k) {
+  LgReq q;
+  q.temp = temp[b]; q.topk = topk[b]; q.topp = topp[b]; q.minp = minp[b];
+  q.n = vr_depth(nd, b, k);
+  q.code = q.n < 0 ? DY_ST_NUM_DRAFTS_INVALID
+                   : dy_logits_params_status(q.temp, q.topk, q.topp, q.minp);
+  q.greedy = (g && g[b]) || q.temp == 0.0;
+  return q;
+}
+
+/* A target row: logits x (dtype code dt) from offset off; z = x / temperature
+ * (dy_effective_logit; greedy rows rank the logits themselves). */
+struct LgRow { const void* x; int dt; i64 off; double temp; int greedy; };
+
+DC_FN double lg_z(const LgRow& r, int v) {
+  const double z = dc_f2d(load_f(r.x, r.dt, r.off + v));
+  return (r.greedy || r.temp == 1.0) ? z : z / r.temp;
+}
+
+/* The decided state of a row: zmax, the min-p threshold, the two cuts, the scaling. */
+struct LgCut { double zmax; u64 mpw, kkey, pkey; i64 kid, pid; int s; };
+
+DC_FN LgCut lg_cut_of(const u64* rec) {
+  LgCut c;
+  c.zmax = dy_key_value(rec[LG_MAXKEY]); c.mpw = rec[LG_MPW];
+  c.kkey = rec[LG_KKEY]; c.kid = (i64)rec[LG_KID];
+  c.pkey = rec[LG_PKEY]; c.pid = (i64)rec[LG_PID];
+  c.s = (int)rec[LG_S];
+  return c;
+}
+
+DC_FN bool lg_before(u64 key, int v, u64 ck, i64 cid) {
+  return key > ck || (key == ck && (i64)v <= cid);
+}
+
+/* Token v of a valid row: its order key, weight W (0: no mass) and gap bucket. */
+struct LgEl { u64 key, w; int bucket; };
+
+DC_FN LgEl lg_el(const LgRow& r, double zmax, int v) {
+  const double z = lg_z(r, v), gap = zmax - z;
+  LgEl e;
+  e.key = dy_order_key(z);
+  e.w = dy_weight_from_gap(gap);
+  e.bucket = e.w ? (int)(gap * 64.0) : LG_NB;
+  return e;
+}
+
+/* A survivor of min-p with W > 0 (W * 2**24 >= mp * 2**39). */
+DC_FN bool lg_surv(u64 w, u64 mpw) { return w && (w << DY_TOTAL_BITS) >= mpw; }
+
+/* P_v of the processed target (0 off the kept set). */
+DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v) {
+  const LgEl e = lg_el(r, c.zmax, v);
+  if (!lg_surv(e.w, c.mpw) || !lg_before(e.key, v, c.kkey, c.kid)
+      || !lg_before(e.key, v, c.pkey, c.pid))
+    return 0;
+  return e.w << c.s;
+}
+
+/* Exclusive block scan of one u64 per thread (thread order); *total = the sum. */
+DC_FN u64 lg_scan64(u64 v, u64* total, DcShared& sh) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  u64 inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 t = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += t;
+  }
+  __syncthreads();
+  if (lane == 31) sh.r64[wid] = inc;
+  __syncthreads();
+  if (wid == 0) {
+    const u64 w = lane < nw ? sh.r64[lane] : 0;
+    u64 wi = w;
+    for (int o = 1; o < 32; o <<= 1) {
+      const u64 t = __shfl_up_sync(0xffffffffu, wi, o);
+      if (lane >= o) wi += t;
+    }
+    sh.r64b[lane] = wi - w;
+    if (lane == 31) sh.prefix = wi;
+  }
+  __syncthreads();
+  const u64 r = sh.r64b[wid] + inc - v;
+  *total = sh.prefix;
+  __syncthreads();
+  return r;
+}
+
+/* A place in an ordered list of LG_NB (bucket) or sorted-candidate entries. */
+struct LgFound { int j; u64 cnt_before, mass_before, mass_at; };
+
+/* The first entry j < lim of the lists cnt / mass (shared, LG_NB entries, 8 per
+ * thread of a 256-thread block) whose inclusive running sum of mass (by_mass) or of
+ * cnt reaches target (1 <= target <= that sum over [0, lim)), with the sums before
+ * it and its own mass.  All threads get it. */
+DC_FN LgFound lg_find(const u32* cnt, const u64* mass, int lim, u64 target, bool by_mass,
+                      DcShared& sh, LgFound* out) {
+  const int j0 = threadIdx.x * 8;
+  u64 c = 0, m = 0;
+  for (int j = j0; j < j0 + 8; ++j)
+    if (j < lim) { c += cnt ? cnt[j] : 1u; m += mass[j]; }
+  u64 ct, mt;
+  const u64 ce = lg_scan64(c, &ct, sh), me = lg_scan64(m, &mt, sh);
+  const u64 e = by_mass ? me : ce, own = by_mass ? m : c;
+  if (e < target && target <= e + own) {
+    u64 cb = ce, mb = me;
+    for (int j = j0; j < j0 + 8 && j < lim; ++j) {
+      const u64 cj = cnt ? cnt[j] : 1u, mj = mass[j];
+      if ((by_mass ? mb + mj : cb + cj) >= target) {
+        out->j = j; out->cnt_before = cb; out->mass_before = mb; out->mass_at = mj;
+        break;
+      }
+      cb += cj; mb += mj;
+    }
+  }
+  __syncthreads();
+  const LgFound f = *out;
+  __syncthreads();
+  return f;
+}
+
+/* Scaling of the kept total T (2**39 <= T <= 2**63) into [2**62, 2**63]
+ * (dy_scale_target): the row is done. */
+DC_FN void lg_finish(u64* rec, u64 T) {
+  int s = 62 - (dy_bitlen64(T) - 1);
+  if (s < 0) s = 0;
+  rec[LG_T] = T << s; rec[LG_S] = (u64)s; rec[LG_STAGE] = LG_DONE;
+}
+
+/* After the filters before top-p left the kept mass Ts: top-p's target
+ * ceil(u * Ts / 2**24), or 0 when top-p is off (u = 2**24). */
+DC_FN u64 lg_top_p_need(u32 topp, u64 ts) {
+  const u64 u = dy_f32_ceil24(topp);
+  if (u >= DY_TOTAL) return 0;
+  return dy_shr128(dy_add128(dy_mul64(u, ts), dy_from64(DY_TOTAL - 1u)), DY_TOTAL_BITS).lo;
+}
+
+extern "C" __global__ void __launch_bounds__(256) logits_max(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
+    int tile, u64* part_key, u32* part_id, u32* part_bad, u64* rec, u32* cnt, u32* hcnt,
+    u64* hmass, u32* cand_n) {
+  __shared__ int is_last;
+  __shared__ u64 wk[8];
+  __shared__ u32 wi[8], wb[8];
+  const int t = blockIdx.x, r = dc_grid_row();
+  if (r >= B * (k + 1)) return;
+  const int b = r / (k + 1), i = r - b * (k + 1);
+  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  if (q.code || i > q.n) return;  /* block-uniform: the row is not read */
+  const LgRow row = {x, dt, (i64)r * V, q.temp, q.greedy};
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  u64 best = 0; u32 arg = 0xFFFFFFFFu, bad = 0;
+  const int lo = t * tile, hi = min(V, lo + tile);
+  for (int v = lo + tid; v < hi; v += 256) {
+    const double z = lg_z(row, v);
+    if (!(z < dy_inf())) { bad = 1; continue; }  /* NaN, +inf */
+    const u64 key = dy_order_key(z);
+    if (key > best) { best = key; arg = (u32)v; }  /* ids ascending per thread */
+  }
+  for (int o = 16; o; o >>= 1) {
+    const u64 ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
+  }
+  bad = __any_sync(0xffffffffu, bad != 0);
+  if (lane == 0) { wk[wid] = best; wi[wid] = arg; wb[wid] = bad; }
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < 8; ++w) {
+      if (wk[w] > best || (wk[w] == best && wi[w] < arg)) { best = wk[w]; arg = wi[w]; }
+      bad |= wb[w];
+    }
+    part_key[(i64)r * nt + t] = best; part_id[(i64)r * nt + t] = arg;
+    part_bad[(i64)r * nt + t] = bad;
+  }
+  if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
+  /* the row's record (thread 0) and its histogram zeroed for logits_hist */
+  for (int j = tid; j < LG_NB; j += 256) { hcnt[(i64)r * LG_NB + j] = 0; hmass[(i64)r * LG_NB + j] = 0; }
+  if (tid == 0) {
+    best = 0; arg = 0xFFFFFFFFu; bad = 0;
+    for (int s = 0; s < nt; ++s) {
+      const u64 kk = __ldcg(&part_key[(i64)r * nt + s]);
+      const u32 a = __ldcg(&part_id[(i64)r * nt + s]);
+      if (kk > best || (kk == best && a < arg)) { best = kk; arg = a; }
+      bad |= __ldcg(&part_bad[(i64)r * nt + s]);
+    }
+    u64* rc = rec + (i64)r * LG_REC;
+    rc[LG_ST] = bad ? DY_ST_TARGET_INVALID_VALUE
+                    : (best <= DC_KEY_NEG_INF ? DY_ST_TARGET_ZERO_MASS : DY_ST_OK);
+    rc[LG_MAXKEY] = best; rc[LG_ARG] = arg;
+    rc[LG_KKEY] = 0; rc[LG_KID] = (u64)(i64)-1; rc[LG_PKEY] = 0; rc[LG_PID] = (u64)(i64)-1;
+    rc[LG_MPW] = dy_f32_ceil24(q.minp) << DY_WEIGHT_BITS;
+    rc[LG_STAGE] = LG_DONE; rc[LG_T] = 1; rc[LG_S] = 0;
+    cand_n[r] = 0;
+  }
+}
+
+/* The row (non-greedy, valid) of a logits_hist / logits_resolve block, or false. */
+DC_FN bool lg_row_active(const double* temp, const i64* topk, const u32* topp, const u32* minp,
+                         const unsigned char* g, const int* nd, int B, int k, int r,
+                         const u64* rec, LgReq* q) {
+  if (r >= B * (k + 1)) return false;
+  const int b = r / (k + 1), i = r - b * (k + 1);
+  *q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  return !q->code && i <= q->n && !q->greedy && rec[(i64)r * LG_REC + LG_ST] == DY_ST_OK;
+}
+
+/* The top-p decision over the buckets before lim (kept mass ts, the mass before bucket
+ * lim is base, the bucket's kept mass beyond it handled by the caller): a row done
+ * or left with stage LG_RES_P.  cnt / mass: the row's histogram in shared memory. */
+DC_FN void lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mass, int lim,
+                               DcShared& sh, LgFound* scratch) {
+  const LgFound f = lg_find(cnt, mass, lim, need, true, sh, scratch);
+  if (threadIdx.x == 0) {
+    rc[LG_STAGE] = LG_RES_P; rc[LG_BUCKET] = (u64)f.j;
+    rc[LG_NEED] = need - f.mass_before; rc[LG_BASE] = f.mass_before;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) logits_hist(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
+    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass) {
+  __shared__ DcShared sh;
+  __shared__ int is_last;
+  __shared__ u32 sc[LG_NB];
+  __shared__ u64 sm[LG_NB];
+  __shared__ LgFound fd;
+  const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
+  LgReq q;
+  if (!lg_row_active(temp, topk, topp, minp, g, nd, B, k, r, rec, &q)) return;
+  u64* rc = rec + (i64)r * LG_REC;
+  const LgRow row = {x, dt, (i64)r * V, q.temp, 0};
+  const double zmax = dy_key_value(rc[LG_MAXKEY]);
+  const u64 mpw = rc[LG_MPW];
+  for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
+  __syncthreads();
+  const int lo = t * tile, hi = min(V, lo + tile);
+  for (int v = lo + tid; v < hi; v += 256) {
+    const LgEl e = lg_el(row, zmax, v);
+    if (lg_surv(e.w, mpw)) { atomicAdd(&sc[e.bucket], 1u); atomicAdd(&sm[e.bucket], e.w); }
+  }
+  __syncthreads();
+  u32* gc = hcnt + (i64)r * LG_NB;
+  u64* gm = hmass + (i64)r * LG_NB;
+  for (int j = tid; j < LG_NB; j += 256)
+    if (sc[j]) { atomicAdd(&gc[j], sc[j]); atomicAdd(&gm[j], sm[j]); }
+  if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
+  for (int j = tid; j < LG_NB; j += 256) { sc[j] = __ldcg(&gc[j]); sm[j] = __ldcg(&gm[j]); }
+  __syncthreads();
+  u64 c = 0, m = 0;
+  for (int j = tid * 8; j < tid * 8 + 8; ++j) { c += sc[j]; m += sm[j]; }
+  u64 nsurv, ts;
+  lg_scan64(c, &nsurv, sh);
+  lg_scan64(m, &ts, sh);
+  if (q.topk > 0 && (u64)q.topk < nsurv) {  /* top-k cuts inside bucket j */
+    const LgFound f = lg_find(sc, sm, LG_NB, (u64)q.topk, false, sh, &fd);
+    if (tid == 0) {
+      rc[LG_STAGE] = LG_RES_K; rc[LG_BUCKET] = (u64)f.j;
+      rc[LG_NEED] = (u64)q.topk - f.cnt_before; rc[LG_BASE] = f.mass_before;
+    }
+    return;
+  }
+  const u64 need = lg_top_p_need(q.topp, ts);
+  if (need) lg_decide_p_buckets(rc, need, sc, sm, LG_NB, sh, &fd);
+  else if (tid == 0) lg_finish(rc, ts);
+}
+
+/* The exact pick inside one bucket when it holds more than LG_CAP candidates: an MSD
+ * radix select on 8-bit digits of the order key over the whole row (the candidates:
+ * survivors in `bucket`, before the top-k cut when by_mass), counting tokens
+ * (!by_mass) or mass (by_mass) until target, then the tied tokens of the final key
+ * by ascending id.  Returns the last token taken (key, id) and the mass taken. */
+struct LgPick { u64 key, mass; i64 id; };
+
+DC_FN LgPick lg_pick_slow(const LgRow& row, const LgCut& c, int V, int bucket, bool by_mass,
+                          u64 target, DcShared& sh, u64* hc, u64* hm) {  /* hc, hm: 256 each */
+  const int tid = threadIdx.x;
+  __shared__ u64 s_prefix, s_need, s_above;
+  u64 prefix = 0, mask = 0, need = target, above = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int d = tid; d < 256; d += 256) { hc[d] = 0; hm[d] = 0; }
+    __syncthreads();
+    for (int v = tid; v < V; v += 256) {
+      const LgEl e = lg_el(row, c.zmax, v);
+      if (!lg_surv(e.w, c.mpw) || e.bucket != bucket || (e.key & mask) != prefix) continue;
+      if (by_mass && !lg_before(e.key, v, c.kkey, c.kid)) continue;
+      const int d = (int)((e.key >> shift) & 0xFFu);
+      atomicAdd(&hc[d], 1ull); atomicAdd(&hm[d], e.w);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      u64 acc = 0, ab = above;
+      int d = 255;
+      for (; d > 0; --d) {
+        const u64 val = by_mass ? hm[d] : hc[d];
+        if (acc + val >= need) break;
+        acc += val; ab += hm[d];
+      }
+      s_need = need - acc; s_above = ab; s_prefix = prefix | ((u64)d << shift);
+    }
+    __syncthreads();
+    need = s_need; above = s_above; prefix = s_prefix; mask |= (u64)0xFF << shift;
+    __syncthreads();
+  }
+  /* the final key's tokens (equal z: equal W) in ascending id: the first m of them */
+  const u64 wt = dy_weight_from_gap(c.zmax - dy_key_value(prefix));
+  const u64 m = by_mass ? (need + wt - 1) / wt : need;
+  const int chunk = (V + 255) / 256, lo = tid * chunk, hi = min(V, lo + chunk);
+  int n = 0;
+  for (int v = lo; v < hi; ++v) {
+    const LgEl e = lg_el(row, c.zmax, v);
+    n += (e.key == prefix && lg_surv(e.w, c.mpw) && e.bucket == bucket
+          && (!by_mass || lg_before(e.key, v, c.kkey, c.kid)));
+  }
+  int tot;
+  const int ex = block_excl_scan(n, &tot, sh);
+  if ((u64)ex < m && m <= (u64)(ex + n)) {
+    int cc = ex;
+    for (int v = lo; v < hi; ++v) {
+      const LgEl e = lg_el(row, c.zmax, v);
+      if (e.key == prefix && lg_surv(e.w, c.mpw) && e.bucket == bucket
+          && (!by_mass || lg_before(e.key, v, c.kkey, c.kid)) && (u64)(++cc) == m) {
+        sh.cutoff = v;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  LgPick p;
+  p.key = prefix; p.id = sh.cutoff; p.mass = above + m * wt;
+  __syncthreads();
+  return p;
+}
+
+/* Bitonic sort of n <= LG_CAP (key, id) pairs in shared memory by key descending, id
+ * ascending (entries past n padded to sort last). */
+DC_FN void lg_sort(u64* key, u32* id, int n) {
+  int np = 1;
+  while (np < n) np <<= 1;
+  for (int j = n + threadIdx.x; j < np; j += 256) { key[j] = 0; id[j] = 0xFFFFFFFFu; }
+  __syncthreads();
+  for (int size = 2; size <= np; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int a = threadIdx.x; a < np; a += 256) {
+        const int p = a ^ stride;
+        if (p > a) {
+          const bool up = (a & size) == 0;  /* this run sorted "better first" */
+          const bool pb = key[p] > key[a] || (key[p] == key[a] && id[p] < id[a]);
+          if (pb == up) {
+            const u64 tk = key[a]; key[a] = key[p]; key[p] = tk;
+            const u32 ti = id[a]; id[a] = id[p]; id[p] = ti;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) logits_resolve(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
+    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, u64* cand_key, u32* cand_id,
+    u32* cand_n) {
+  __shared__ DcShared sh;
+  __shared__ int is_last;
+  __shared__ u64 s64[LG_CAP];
+  __shared__ u32 s32[LG_CAP];
+  __shared__ u64 smass[LG_CAP];  /* sorted candidates' masses; the slow pick's histogram */
+  __shared__ LgFound fd;
+  const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
+  LgReq q;
+  if (!lg_row_active(temp, topk, topp, minp, g, nd, B, k, r, rec, &q)) return;
+  u64* rc = rec + (i64)r * LG_REC;
+  const int stage = (int)rc[LG_STAGE];
+  if (stage == LG_DONE) return;
+  const LgRow row = {x, dt, (i64)r * V, q.temp, 0};
+  LgCut c = lg_cut_of(rc);
+  const int bucket = (int)rc[LG_BUCKET];
+  const bool by_mass = stage == LG_RES_P;
+  /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
+  const int lo = t * tile, hi = min(V, lo + tile);
+  for (int v = lo + tid; v < hi; v += 256) {
+    const LgEl e = lg_el(row, c.zmax, v);
+    if (!lg_surv(e.w, c.mpw) || e.bucket != bucket) continue;
+    if (by_mass && !lg_before(e.key, v, c.kkey, c.kid)) continue;
+    const u32 slot = atomicAdd(&cand_n[r], 1u);
+    if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = e.key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
+  }
+  if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
+  const u32 n = __ldcg(&cand_n[r]);
+  const u64 need = rc[LG_NEED], base = rc[LG_BASE];
+  const bool fits = n <= LG_CAP;
+  if (fits) {
+    for (u32 j = tid; j < n; j += 256) { s64[j] = __ldcg(&cand_key[(i64)r * LG_CAP + j]); s32[j] = __ldcg(&cand_id[(i64)r * LG_CAP + j]); }
+    __syncthreads();
+    lg_sort(s64, s32, (int)n);
+  }
+  __syncthreads();
+  if (tid == 0) cand_n[r] = 0;
+  /* candidate j's mass (sorted order) as a list for lg_find: W from its key */
+  if (fits) {
+    for (int j = tid; j < LG_CAP; j += 256)
+      smass[j] = j < (int)n ? dy_weight_from_gap(c.zmax - dy_key_value(s64[j])) : 0;
+    __syncthreads();
+  }
+  LgPick pk;
+  /* the pick by count (top-k) or mass (top-p) inside the bucket */
+  auto pick = [&](bool bym, u64 target) {
+    LgPick p;
+    if (fits) {
+      const LgFound f = lg_find(0, smass, (int)n, target, bym, sh, &fd);
+      p.key = s64[f.j]; p.id = s32[f.j]; p.mass = f.mass_before + f.mass_at;
+    } else {
+      p = lg_pick_slow(row, c, V, bucket, bym, target, sh, s64, smass);
+    }
+    return p;
+  };
+  if (stage == LG_RES_K) {
+    pk = pick(false, need);
+    const u64 ts = base + pk.mass;
+    if (tid == 0) { rc[LG_KKEY] = pk.key; rc[LG_KID] = (u64)pk.id; }
+    c.kkey = pk.key; c.kid = pk.id;
+    const u64 needp = lg_top_p_need(q.topp, ts);
+    if (!needp) { if (tid == 0) lg_finish(rc, ts); return; }
+    if (needp > base) {  /* top-p ends inside this bucket too */
+      const LgPick pp = pick(true, needp - base);
+      if (tid == 0) { rc[LG_PKEY] = pp.key; rc[LG_PID] = (u64)pp.id; lg_finish(rc, base + pp.mass); }
+      return;
+    }
+    /* top-p ends in an earlier bucket: the next launch resolves it */
+    __syncthreads();
+    for (int j = tid; j < LG_NB; j += 256) { s32[j] = __ldcg(&hcnt[(i64)r * LG_NB + j]); s64[j] = __ldcg(&hmass[(i64)r * LG_NB + j]); }
+    __syncthreads();
+    lg_decide_p_buckets(rc, needp, s32, s64, bucket, sh, &fd);
+    return;
+  }
+  pk = pick(true, need);
+  if (tid == 0) { rc[LG_PKEY] = pk.key; rc[LG_PID] = (u64)pk.id; lg_finish(rc, base + pk.mass); }
+}
+
+/* ------------------------------------------------------------------ chain
+ * One block per request: in the CPU backend's order (dy_verify_logits_row_host)
+ * num_drafts, the parameters, every target row 0..n (TARGET_INVALID_VALUE,
+ * TARGET_ZERO_MASS), the draft ids and q rows (dc_draft_check), q(d) > 0; then the
+ * acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).  The residual /
+ * bonus row goes to logits_residual (res_row, -1 when none). */
+extern "C" __global__ void __launch_bounds__(256) logits_chain(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,
+    const int* draft, const u32* qc, const int* qi, int W, const void* kseed, const void* kgen,
+    const void* krnd, const void* kpos, int kfmt, const u64* rec, int* res_row,
+    int* accepted, int* tokens, int* status) {
+  __shared__ u32 cq[64], idbits[8];
+  const int b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (b >= B) return;
+  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  int* tok = tokens + (i64)b * (k + 1);
+  const i64 qrow = (i64)b * k;
+  const int n = q.n;
+  {
+    u32 f = 0;
+    for (int i = wid; !q.code && i < n; i += 8) {
+      u32 c;
+      f |= dc_draft_check(draft[qrow + i], qc, qi, W, V, qrow + i, &c);
+      if (lane == 0) cq[i] = c;
+    }
+    if (lane == 0) idbits[wid] = f;
+  }
+  __syncthreads();
+  if (tid != 0) return;
+  res_row[b] = -1;
+  int code = q.code;
+  const u64* rb = rec + (i64)b * (k + 1) * LG_REC;
+  for (int i = 0; i <= n && !code; ++i) code = (int)rb[(i64)i * LG_REC + LG_ST];
+  u32 ids = 0;
+  for (int w = 0; w < 8; ++w) ids |= idbits[w];
+  if (!code && (ids & 2u)) code = DY_ST_DRAFT_OUT_OF_RANGE;
+  if (!code && !q.greedy && (ids & 1u)) code = DY_ST_Q_INVALID;
+  for (int i = 0; i < n && !code && !q.greedy; ++i)
+    if (cq[i] == 0) code = DY_ST_Q_ZERO_AT_DRAFT;
+  for (int i = 0; i <= k; ++i) tok[i] = -1;
+  accepted[b] = 0;
+  if (code) { status[b] = code; return; }
+  const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+  for (int i = 0; i < n; ++i) {
+    const u64* rc = rb + (i64)i * LG_REC;
+    const int d = draft[qrow + i];
+    int ok;
+    if (q.greedy) ok = d == (int)rc[LG_ARG];
+    else {
+      const LgRow row = {x, dt, ((i64)b * (k + 1) + i) * V, q.temp, 0};
+      code = dy_accept(lg_p(row, lg_cut_of(rc), d), rc[LG_T], cq[i], key.seed, key.gen,
+                       key.rnd, key.pos + i, &ok);
+      if (code) break;
+    }
+    if (ok) { tok[i] = d; continue; }
+    accepted[b] = i;
+    if (q.greedy) tok[i] = (int)rc[LG_ARG];
+    else res_row[b] = i;
+    status[b] = DY_ST_OK;
+    return;
+  }
+  if (code) {
+    for (int i = 0; i <= k; ++i) tok[i] = -1;
+    accepted[b] = 0; status[b] = code;
+    return;
+  }
+  accepted[b] = n;
+  if (q.greedy) tok[n] = (int)rb[(i64)n * LG_REC + LG_ARG];
+  else res_row[b] = n;
+  status[b] = DY_ST_OK;
+}
+
+/* ---------------------------------------------------------------- residual
+ * R_v = dy_residual(P_v, q_v, T) of the rejected row (the bonus row: P_v), P_v from
+ * the logits.  Tile sums in 128 bits (sparse q / point mass: every P_v, then the
+ * support entries of the tile corrected); the request's last block draws X below
+ * the total (domain CORRECTION at the row's position) and the token. */
+struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; };
+
+DC_FN dy_u128 lg_res_weight(const LgRes& r, int v) {
+  const u64 P = lg_p(r.row, r.c, v);
+  if (r.bonus) return dy_from64(P);
+  return dy_residual(P, q_at(r.qcr, r.qir, r.nv, v, r.d), r.T);
+}
+
+extern "C" __global__ void __launch_bounds__(256) logits_residual(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nrt,
+    int rt, const int* draft, const u32* qc, const int* qi, int W, const void* kseed,
+    const void* kgen, const void* krnd, const void* kpos, int kfmt, const u64* rec,
+    const int* res_row, u64* rpart, u32* rcnt, int* accepted, int* tokens, int* status) {
+  __shared__ DcShared sh;
+  __shared__ int is_last, snv, stile, sok;
+  __shared__ dy_u128 sx;
+  const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x;
+  if (b >= B) return;
+  const int i = res_row[b];
+  if (i < 0) return;
+  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  const u64* rc = rec + ((i64)b * (k + 1) + i) * LG_REC;
+  LgRes r;
+  r.row.x = x; r.row.dt = dt; r.row.off = ((i64)b * (k + 1) + i) * V; r.row.temp = q.temp;
+  r.row.greedy = 0;
+  r.c = lg_cut_of(rc); r.T = rc[LG_T];
+  r.bonus = i == k || i == q.n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
+  if (!r.bonus) {
+    r.d = draft[(i64)b * k + i];
+    if (qc) {
+      r.qcr = qc + ((i64)b * k + i) * (qi ? W : V);
+      r.qir = qi ? qi + ((i64)b * k + i) * W : 0;
+    }
+    if (tid == 0) {
+      int nv = W;
+      if (r.qir) { int a = 0, z = W; while (a < z) { int m = (a + z) >> 1; if (r.qir[m] >= 0) a = m + 1; else z = m; } nv = a; }
+      snv = nv;
+    }
+    __syncthreads();
+    r.nv = snv;
+  }
+  const int lo = tile * rt, hi = min(V, lo + rt);
+  const bool dense = !r.bonus && r.qcr && !r.qir;
+  dy_u128 s = dy_make128(0, 0);
+  for (int v = lo + tid; v < hi; v += 256) {
+    const u64 P = lg_p(r.row, r.c, v);
+    s = dy_add128(s, dense ? dy_residual(P, r.qcr[v], r.T)
+                           : (r.bonus ? dy_from64(P)
+                                      : dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)));
+  }
+  if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
+    if (!r.qcr) {
+      if (tid == 0 && r.d >= lo && r.d < hi) {
+        const u64 P = lg_p(r.row, r.c, r.d);
+        s = dy_add128(dy_sub128(s, dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)),
+                      dy_residual(P, DY_TOTAL, r.T));
+      }
+    } else {
+      for (int j = tid; j < r.nv; j += 256) {
+        const int id = r.qir[j];
+        if (id >= lo && id < hi) {
+          const u64 P = lg_p(r.row, r.c, id);
+          s = dy_add128(dy_sub128(s, dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)),
+                        dy_residual(P, r.qcr[j], r.T));
+        }
+      }
+    }
+  }
+  s = block_sum128(s, sh);
+  if (tid == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
+  if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
+  if (tid == 0) {
+    sok = 0; stile = -1;
+    dy_u128 tot = dy_make128(0, 0);
+    const u64* rp = rpart + 2 * (i64)b * nrt;
+    for (int t2 = 0; t2 < nrt; ++t2) tot = dy_add128(tot, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
+    const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+    u32 idx = 0;
+    dy_u128 xx;
+    if (!dy_is_zero128(tot) && dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i,
+                                                      DY_DOMAIN_CORRECTION, &idx, &xx) == DY_ST_OK) {
+      dy_u128 cum = dy_make128(0, 0);
+      for (int t2 = 0; t2 < nrt; ++t2) {
+        const dy_u128 nc = dy_add128(cum, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
+        if (dy_lt128(xx, nc)) { stile = t2; sx = dy_sub128(xx, cum); sok = 1; break; }
+        cum = nc;
+      }
+    }
+  }
+  __syncthreads();
+  int j = -1;
+  if (sok) {
+    const int l2 = stile * rt, h2 = min(V, l2 + rt);
+    j = block_draw([&](int v) { return lg_res_weight(r, v); }, h2,
+                   [&](dy_u128, dy_u128*) { return false; }, sh, l2, false, sx);
+  }
+  if (tid == 0) {
+    if (j < 0) {
+      status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0;
+      for (int a = 0; a <= k; ++a) tokens[(i64)b * (k + 1) + a] = -1;
+    } else {
+      tokens[(i64)b * (k + 1) + i] = j;
+    }
+  }
+}
