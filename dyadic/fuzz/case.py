@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _backend
 from .._backend import GPU_BACKENDS
 
 PRIMITIVES = ("allocate", "propose", "draw", "verify", "philox")
@@ -169,17 +170,21 @@ def build(case, backend):
             return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
                     "status": to_numpy(v.status)}
     elif case.primitive == "verify_logits":
+        # inputs on the device where the backend verifies logits on GPU arrays (cuda),
+        # host arrays otherwise (numba takes logits targets on the host only)
+        at = backend if _backend.get(backend).device_logits_verify else "cpu"
+
         def call():
             g, n = a.get("greedy"), a.get("num_drafts")
-            opt = {} if n is None else {"num_drafts": any_input(n, backend)}
+            opt = {} if n is None else {"num_drafts": any_input(n, at)}
             for name in ("top_k", "top_p", "min_p"):
                 if name in a:
-                    opt[name] = any_input(a[name], backend)
-            v = dyadic.verify(float_input(a["target"], p["dtype"], backend),
-                              any_input(a["draft"], backend), _dyadic_q(case, backend),
-                              _keys(case, backend),
-                              greedy=None if g is None else any_input(g.astype(bool), backend),
-                              logits=True, temperature=any_input(a["temperature"], backend),
+                    opt[name] = any_input(a[name], at)
+            v = dyadic.verify(float_input(a["target"], p["dtype"], at),
+                              any_input(a["draft"], at), _dyadic_q(case, at),
+                              _keys(case, at),
+                              greedy=None if g is None else any_input(g.astype(bool), at),
+                              logits=True, temperature=any_input(a["temperature"], at),
                               backend=backend, **opt)
             return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
                     "status": to_numpy(v.status)}
