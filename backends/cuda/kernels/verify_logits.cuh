@@ -35,6 +35,7 @@
 #define LG_CAP 2048  /* tokens of one bucket resolved in shared memory (= LG_NB: the
                         arrays serve both) */
 #define LG_REC 16    /* u64 words of a row record */
+static_assert((int)(DY_EXP_CUTOFF * 64.0) == LG_NB, "one gap bucket per 1/64 below the cutoff");
 
 enum { LG_ST = 0, LG_MAXKEY, LG_ARG, LG_KKEY, LG_KID, LG_PKEY, LG_PID, LG_T, LG_S, LG_MPW,
        LG_STAGE, LG_BUCKET, LG_NEED, LG_BASE };
@@ -95,13 +96,14 @@ DC_FN LgEl lg_el(const LgRow& r, double zmax, int v) {
 /* A survivor of min-p with W > 0 (W * 2**24 >= mp * 2**39). */
 DC_FN bool lg_surv(u64 w, u64 mpw) { return w && (w << DY_TOTAL_BITS) >= mpw; }
 
-/* P_v of the processed target (0 off the kept set). */
+/* P_v of the processed target (0 off the kept set); the weight is computed only for
+ * a token before both cuts. */
 DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v) {
-  const LgEl e = lg_el(r, c.zmax, v);
-  if (!lg_surv(e.w, c.mpw) || !lg_before(e.key, v, c.kkey, c.kid)
-      || !lg_before(e.key, v, c.pkey, c.pid))
-    return 0;
-  return e.w << c.s;
+  const double z = lg_z(r, v);
+  const u64 key = dy_order_key(z);
+  if (!lg_before(key, v, c.kkey, c.kid) || !lg_before(key, v, c.pkey, c.pid)) return 0;
+  const u64 w = dy_weight_from_gap(c.zmax - z);
+  return lg_surv(w, c.mpw) ? w << c.s : 0;
 }
 
 /* Exclusive block scan of one u64 per thread (thread order); *total = the sum. */
@@ -429,11 +431,15 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
   /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
   const int lo = t * tile, hi = min(V, lo + tile);
   for (int v = lo + tid; v < hi; v += 256) {
-    const LgEl e = lg_el(row, c.zmax, v);
-    if (!lg_surv(e.w, c.mpw) || e.bucket != bucket) continue;
-    if (by_mass && !lg_before(e.key, v, c.kkey, c.kid)) continue;
+    /* the bucket from the gap alone (W > 0 needs a gap below 32); the weight, for
+     * min-p, only inside it */
+    const double z = lg_z(row, v), gap = c.zmax - z;
+    if (!(gap < DY_EXP_CUTOFF) || (int)(gap * 64.0) != bucket) continue;
+    const u64 key = dy_order_key(z);
+    if (!lg_surv(dy_weight_from_gap(gap), c.mpw)) continue;
+    if (by_mass && !lg_before(key, v, c.kkey, c.kid)) continue;
     const u32 slot = atomicAdd(&cand_n[r], 1u);
-    if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = e.key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
+    if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
   }
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
   const u32 n = __ldcg(&cand_n[r]);
