@@ -1,6 +1,8 @@
 """GPU: CUDA-graph replay device time of backend="cuda" propose top-32 bf16 and verify k=5
 dense (check="lazy" and check=False), and lazy verify with cold inputs (rotated past the L2
-cache: "close" p and q, dense and top-32 q, ragged draft counts), V = 129280.
+cache: "close" p and q, dense and top-32 q, ragged draft counts), V = 129280; the same cold
+verify from target logits (bf16, logits=True, device temperature 0.8 and top_p 0.9), with
+check="lazy" and check=False.
 
 The cases are dyadic/bench/gpu.py's (its inputs, calls and preallocated outputs).  The
 time is the median over 50 replays with the launch queue held while the host enqueues
@@ -15,7 +17,9 @@ from .common import BACKENDS, QUICK, require_backend
 
 CASES = ["propose_top32_bf16", "verify_k5_dense_lazy", "verify_k5_dense",
          "verify_k5_dense_lazy_close_cold", "verify_k5_top32_lazy_close_cold",
-         "verify_k5_dense_lazy_close_cold_ragged"]
+         "verify_k5_dense_lazy_close_cold_ragged", "verify_k5_logits_dense_close_cold",
+         "verify_k5_logits_dense_lazy_close_cold", "verify_k5_logits_top32_lazy_close_cold",
+         "verify_k5_logits_dense_lazy_close_cold_ragged"]
 BATCHES = [1] if QUICK else [1, 4, 16, 64]
 
 

@@ -29,6 +29,9 @@ verify_k5_dense / verify_k5_top32 (dense / top-32 q), each also _lazy (check="la
 _checked (check=True); verify_k5_{dense,top32}[_lazy]_{close,indep}_cold (inputs
 rotated over enough sets that the L2 cache does not hold them: ``verify_cold``; graph
 replay only, time per call; ``_ragged``: request b verifies b mod (k + 1) drafts);
+verify_k5_logits_{dense,top32}[_lazy]_close_cold and
+verify_k5_logits_dense[_lazy]_close_cold_ragged (the same from target logits 3 z in
+bfloat16, ``logits=True``, device tensors temperature 0.8 and top_p 0.9);
 verify_k5_dense_greedy (every other request greedy=True); and the
 plain-PyTorch pipelines torch_top32_proposal (topk, softmax, multinomial, gather) and
 torch_verify_k5_dense (gather, ratio test, clamp(p - q, 0), exponential race).
@@ -72,6 +75,7 @@ import dyadic  # noqa: E402
 from dyadic.bench.timing import capture_graph, held_event_times  # noqa: E402
 
 V, K, W, T = 129280, 5, 32, 0.7  # vocabulary, draft depth, top-k width, temperature
+LOGITS_T, LOGITS_TOP_P = 0.8, 0.9  # the verify(logits=True) cases' sampling parameters
 BANDWIDTH = 4.2e12  # B/s, for floor_us
 L2_BYTES = 50 * 2**20  # the H200's L2 cache, for the cold (rotated-input) cases
 METRICS = ("graph_dev_us", "eager_host_us", "floor_us")
@@ -167,31 +171,41 @@ def cold_sets(per_set_bytes):
     return max(2, min(64, -(-3 * L2_BYTES // per_set_bytes)))
 
 
-def verify_cold(inp, workload, sparse, check, ragged=False):
+def verify_cold(inp, workload, sparse, check, ragged=False, logits=False):
     """``make`` of a verify case on ``cold_sets`` input sets called one after another
     (one invocation = that many calls).  workload "close": p = softmax(3 z), q =
     softmax(3 z + 0.5 noise); "indep": p = softmax(3 z1), q = softmax(3 z2); z ~ N(0, 1)
     per request and position; drafts drawn from q's counts (dense) or q's top id
-    (top-32).  ragged: ``num_drafts`` = b mod (k + 1) for request b (a device array)."""
+    (top-32).  ragged: ``num_drafts`` = b mod (k + 1) for request b (a device array).
+    logits: the target is the logits 3 z in bfloat16 instead of p, verified with
+    ``logits=True`` and per-request device tensors temperature ``LOGITS_T`` (float64)
+    and top_p ``LOGITS_TOP_P`` (float32), as an engine's captured graph holds them."""
     B, nv, k = inp.B, inp.V, inp.k
+    per_set = B * nv * ((k + 1) * 2 + k * 4) if logits else B * (2 * k + 1) * nv * 4
 
     def make():
         calls = []
-        for r in range(cold_sets(B * (2 * k + 1) * nv * 4)):
+        for r in range(cold_sets(per_set)):
             s = Inputs(B, nv, k, inp.device, inp.backend, seed=inp.seed * 7919 + 17 + r)
             z = s.randn(11, B, k + 1, nv)
-            p = torch.softmax(3 * z, -1)
+            target = (3 * z).to(torch.bfloat16) if logits else torch.softmax(3 * z, -1)
             zq = z[:, :k] if workload == "close" else s.randn(12, B, k, nv)
             s.qd = torch.softmax(3 * zq + 0.5 * s.randn(13, B, k, nv), -1)
             d, q = (s.draft_top, s.q_top) if sparse else (s.draft_dense, s.q_dense)
             del s.qd, z, zq
-            calls.append((p, d, q, s.keys, s.verdict_out()))
+            calls.append((target, d, q, s.keys, s.verdict_out()))
         be = inp.backend
         nd = (torch.arange(B, device=inp.device, dtype=torch.int32) % (k + 1)) if ragged else None
+        kw = {}
+        if logits:
+            kw = dict(logits=True, temperature=torch.full(
+                (B,), LOGITS_T, dtype=torch.float64, device=inp.device), top_p=torch.full(
+                (B,), LOGITS_TOP_P, dtype=torch.float32, device=inp.device))
 
         def run():
-            for p, d, q, keys, out in calls:
-                v = dyadic.verify(p, d, q, keys, backend=be, check=check, out=out, num_drafts=nd)
+            for target, d, q, keys, out in calls:
+                v = dyadic.verify(target, d, q, keys, backend=be, check=check, out=out,
+                                  num_drafts=nd, **kw)
             return v
         run.calls = len(calls)
         return run
@@ -285,6 +299,16 @@ def cases(inp):
         out.append(Case(f"verify_k{k}_dense{tag}_close_cold_ragged",
                         verify_cold(inp, "close", False, check, ragged=True), None, True,
                         calls=None, eager=False))
+    for sparse, q in ((False, "dense"), (True, "top32")):
+        for check, tag in (("lazy", "_lazy"), (False, "")):
+            out.append(Case(f"verify_k{k}_logits_{q}{tag}_close_cold",
+                            verify_cold(inp, "close", sparse, check, logits=True),
+                            target // 2 if check is False else None, True, calls=None,
+                            eager=False))
+    for check, tag in (("lazy", "_lazy"), (False, "")):
+        out.append(Case(f"verify_k{k}_logits_dense{tag}_close_cold_ragged",
+                        verify_cold(inp, "close", False, check, ragged=True, logits=True),
+                        None, True, calls=None, eager=False))
     out += [Case(f"verify_k{k}_dense_greedy", verify(False, False, greedy=True), target, True),
             Case("torch_top32_proposal", torch_proposal, B * nv * 2, True),
             Case(f"torch_verify_k{k}_dense", torch_verify, target, True)]

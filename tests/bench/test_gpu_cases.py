@@ -41,7 +41,11 @@ def test_cases_run_once_on_the_host_backend(monkeypatch):
             "verify_k4_dense_greedy", "torch_top32_proposal", "torch_verify_k4_dense"} | {
             f"verify_k4_{q}{tag}_{w}_cold" for q in ("dense", "top32") for tag in ("", "_lazy")
             for w in ("close", "indep")} | {
-            "verify_k4_dense_close_cold_ragged", "verify_k4_dense_lazy_close_cold_ragged"} == set(names)
+            "verify_k4_dense_close_cold_ragged", "verify_k4_dense_lazy_close_cold_ragged"} | {
+            f"verify_k4_logits_{q}{tag}_close_cold" for q in ("dense", "top32")
+            for tag in ("", "_lazy")} | {
+            "verify_k4_logits_dense_close_cold_ragged",
+            "verify_k4_logits_dense_lazy_close_cold_ragged"} == set(names)
     assert sorted(c.name for c in cs if not c.eager) == sorted(n for n in names if "cold" in n)
     assert [c.name for c in cs if not c.graph] == ["verify_k4_dense_checked",
                                                     "verify_k4_top32_checked"]
@@ -97,3 +101,13 @@ def test_asv_gpu_benchmark_skips_without_cuda():
         sys.path.pop(0)
     with pytest.raises(NotImplementedError):
         mod.GraphReplay().setup("propose_top32_bf16", 1)
+
+
+def test_asv_gpu_cases_are_bench_cases():
+    sys.path.insert(0, os.path.join(ROOT, "asv_bench"))
+    try:
+        mod = importlib.import_module("benchmarks.bench_gpu")
+    finally:
+        sys.path.pop(0)
+    names = {c.name for c in gpu.cases(gpu.Inputs(1, device="cpu", backend=host_backend()))}
+    assert set(mod.CASES) <= names, sorted(set(mod.CASES) - names)

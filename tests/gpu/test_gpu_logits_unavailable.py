@@ -1,7 +1,8 @@
-"""The sampling-parameter primitives (verify(logits=True), allocate / propose with
-top_p, min_p or a per-row top_k) on GPU arrays and on backend="cuda": refused with
-BackendUnavailable naming the backends that have them, never a silent fallback.
-Runs where a GPU is present; skips otherwise."""
+"""The sampling-parameter primitives where a backend has no kernels for them: refused
+with BackendUnavailable, never a silent fallback.  verify(logits=True) on GPU tensors
+runs on backend "cuda" (tests/gpu/test_gpu_verify_logits.py) and is refused on "numba";
+allocate / propose with top_p, min_p or a per-row top_k on GPU tensors are refused on
+both.  Runs where a GPU is present; skips otherwise."""
 
 import numpy as np
 import pytest
@@ -22,6 +23,13 @@ def torch_cuda():
     return torch
 
 
+def _backend(name):
+    be, why = _load(name)
+    if be is None:
+        pytest.skip(why)
+    return be
+
+
 def _inputs(b=2, k=2, v=50):
     rng = np.random.default_rng(0)
     target = rng.standard_normal((b, k + 1, v)).astype(np.float32)
@@ -30,26 +38,40 @@ def _inputs(b=2, k=2, v=50):
 
 
 def test_cuda_backend_host_arrays():
-    be, why = _load("cuda")
-    if be is None:
-        pytest.skip(why)
+    """Host arrays on backend "cuda" take the backend's host entry point: its verify from
+    logits where it declares one (has_logits_verify), the cpu backend's bits; else
+    refused, naming the backends that have it."""
+    be = _backend("cuda")
     target, draft, keys = _inputs()
-    with pytest.raises(BackendUnavailable, match="'cpu', 'reference' or 'numba'"):
-        dyadic.verify(target, draft, None, keys, logits=True, temperature=0.7, backend="cuda")
+    kw = dict(logits=True, temperature=np.array([0.7, 0.0]), top_p=0.9, check=False)
+    if not be.has_logits_verify:
+        with pytest.raises(BackendUnavailable, match="'cpu', 'reference' or 'numba'"):
+            dyadic.verify(target, draft, None, keys, backend="cuda", **kw)
+        return
+    got = dyadic.verify(target, draft, None, keys, backend="cuda", **kw)
+    want = dyadic.verify(target, draft, None, keys, backend="cpu", **kw)
+    for name in ("accepted", "tokens", "status"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)),
+                                      np.asarray(getattr(want, name)))
 
 
-@pytest.mark.parametrize("backend", ["cuda", "numba"])
-def test_device_tensors(torch_cuda, backend):
-    be, why = _load(backend)
-    if be is None:
-        pytest.skip(why)
+def test_numba_verify_logits_on_device_tensors(torch_cuda):
+    _backend("numba")
     target, draft, keys = _inputs()
     t = torch_cuda.as_tensor(target, device="cuda")
     d = torch_cuda.as_tensor(draft, device="cuda")
-    with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.verify(t, d, None, keys, logits=True, temperature=0.7, backend=backend)
-    x = t[:, 0].contiguous()
+    with pytest.raises(BackendUnavailable):
+        dyadic.verify(t, d, None, keys, logits=True, temperature=0.7, backend="numba")
+
+
+@pytest.mark.parametrize("backend", ["cuda", "numba"])
+def test_filtered_allocate_and_propose_on_device_tensors(torch_cuda, backend):
+    _backend(backend)
+    target, _, keys = _inputs()
+    x = torch_cuda.as_tensor(target[:, 0], device="cuda").contiguous()
     with pytest.raises(BackendUnavailable, match="GPU arrays"):
         dyadic.propose(x, keys, top_p=0.9, backend=backend)
     with pytest.raises(BackendUnavailable, match="GPU arrays"):
         dyadic.allocate(x, logits=True, min_p=0.1, backend=backend)
+    with pytest.raises(BackendUnavailable, match="GPU arrays"):
+        dyadic.propose(x, keys, top_k=np.array([3, 5]), backend=backend)
