@@ -361,13 +361,37 @@ def _num_drafts(n, batch, k, device, check):
 _PARAMS_CACHE = {}  # (device, batch, scalar parameters) -> the four device tensors
 
 
+def _param_fill(value, idx, batch, device, dtype):
+    """Parameter ``idx`` (temperature, top_k, top_p, min_p) given on the host beside
+    device ones: a Python scalar or None becomes a device fill of its converted value
+    (no host-to-device copy: capturable in a CUDA graph; cached outside capture), a host
+    array is converted by ``_validate.logits_target_params`` and copied."""
+    torch = _TORCH or _torch()
+    one = [1.0, None, None, None]
+    one[idx] = value if idx or value is not None else 1.0
+    scalar = value is None or type(value) in (float, int)
+    key = ("fill", device, batch, idx, type(value), value)
+    if scalar:
+        hit = _PARAMS_CACHE.get(key)
+        if hit is not None:
+            return hit
+    host = _validate.logits_target_params(*one, batch, check=False)[idx]
+    if not scalar:
+        return torch.from_numpy(host.copy()).to(device)
+    t = torch.full((batch,), host[0].item() if batch else 0, dtype=dtype, device=device)
+    if not torch.cuda.is_current_stream_capturing():
+        _PARAMS_CACHE[key] = t
+    return t
+
+
 def _logits_params(temperature, top_k, top_p, min_p, batch, device, check):
     """verify(logits=True)'s parameters as four contiguous device tensors [B]:
     temperature float64, top_k int64, top_p and min_p float32 (the kernels read the
     float32 bits; docs/semantics.md "Target logits").
 
     Python scalars (and None) are validated once and cached per value (no copy: the
-    eager hot path, and graph capture works).  CUDA tensors (shape (B,) or (1,)) stay on
+    eager hot path, and graph capture works; beside device tensors they become device
+    fills).  CUDA tensors (shape (B,) or (1,)) stay on
     the device with ``check`` False, never read on the host (the kernels check every
     value: TEMPERATURE_INVALID, TOP_K_INVALID, TOP_P_INVALID, MIN_P_INVALID), converted
     there when their dtype differs: a float64 top_p / min_p outside its range becomes NaN
@@ -389,13 +413,8 @@ def _logits_params(temperature, top_k, top_p, min_p, batch, device, check):
                                                    ("top_k", torch.int64),
                                                    ("top_p", torch.float32),
                                                    ("min_p", torch.float32))):
-            if not d:  # a host value among device ones: converted on the host
-                one = [None, None, None, None]
-                one[len(out)] = v
-                if one[0] is None:
-                    one[0] = 1.0
-                host = _validate.logits_target_params(*one, batch, check=False)
-                out.append(torch.from_numpy(host[len(out)].copy()).to(device))
+            if not d:  # a host value among device ones
+                out.append(_param_fill(v, len(out), batch, device, dtype))
                 continue
             t = v.reshape(-1)
             if t.shape[0] not in (1, batch):
