@@ -47,6 +47,8 @@ import numpy as np
 
 import dyadic
 
+from .. import _arrays
+from .._types import trusted_dyadic
 from ._requires import transformers_stack
 
 
@@ -56,9 +58,13 @@ class SamplingParams:
 
     temperature : float >= 0 (0: greedy, the argmax of the logits, lowest id among ties)
     top_k : int >= 1 or None; top_p : float in (0, 1] or None; min_p : float in [0, 1] or None
-        Applied in this order after the temperature, with transformers' own
-        ``TopKLogitsWarper`` / ``TopPLogitsWarper`` / ``MinPLogitsWarper``
-        (the semantics of ``model.generate(do_sample=True, ...)``).
+        Applied by dyadic's exact target processing (``verify(..., logits=True)``:
+        min-p, then top-k, then top-p on the integer weights, ties to the lowest
+        id; docs/semantics.md section 2).  Each filter alone keeps the tokens
+        transformers' ``TopKLogitsWarper`` / ``TopPLogitsWarper`` /
+        ``MinPLogitsWarper`` keep, except where float rounding decides a token at
+        the boundary; combined, the order above applies.  The weights are
+        ``exp(logits / T)`` to about 2**-39 relative.
     """
 
     temperature: float = 1.0
@@ -95,32 +101,27 @@ def verify_target(logits, draft, q, keys, params, backend):
     logits : torch float tensor [B, k+1, V], the target's logits at the
         positions that predict draft 0 .. k-1 and the bonus.
     draft : int32 [B, k]; q : Dyadic [B, k] (the proposals' q) or None when k = 0.
-    params : SamplingParams.  Temperature 0 verifies greedily against a one-hot
-    row at ``argmax(logits)`` (torch's first maximum), so greedy output is the
-    model's argmax token for token; otherwise the rows are
-    ``softmax(warp(logits / T))`` in float32 with transformers' top-k / top-p /
-    min-p warpers, and verification preserves exactly the distribution
-    dyadic reads from them (docs/semantics.md, section 2).
+    params : SamplingParams.  The target rows are processed by
+    ``dyadic.verify(..., logits=True)`` in exact integers (docs/semantics.md,
+    section 2 "Target logits": the fixed-point exponential of ``logits / T``, then
+    min-p, top-k, top-p, ties to the lowest id), so the distribution preserved is
+    a function of the logits' bits alone, the same on every backend and device.
+    Temperature 0 verifies greedily on the argmax of the logits (the lowest id
+    among ties: torch's first maximum), so greedy output is the model's argmax
+    token for token.  Backend "cuda" verifies CUDA logits on the device; the
+    other backends take them on the host (numba verifies logits targets from
+    host arrays).
 
     Returns the ``dyadic.Verdict``.
     """
-    torch, transformers = transformers_stack()
-    b, rows, v = logits.shape
-    if params.greedy:
-        target = torch.zeros((b, rows, v), dtype=torch.float32, device=logits.device)
-        target.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-        greedy = np.ones(b, dtype=bool)
-    else:
-        z = logits.float().reshape(b * rows, v) / params.temperature
-        if params.top_k is not None:
-            z = transformers.TopKLogitsWarper(params.top_k)(None, z)
-        if params.top_p is not None:
-            z = transformers.TopPLogitsWarper(params.top_p)(None, z)
-        if params.min_p is not None:
-            z = transformers.MinPLogitsWarper(params.min_p)(None, z)
-        target = torch.softmax(z, dim=-1).reshape(b, rows, v)
-        greedy = None
-    return dyadic.verify(target, draft, q, keys, greedy=greedy, backend=backend)
+    if backend != "cuda" and logits.is_cuda:
+        logits = logits.cpu()
+        if q is not None and _arrays.is_gpu_array(q.counts):  # a numba proposal's q
+            q = trusted_dyadic(q.counts.cpu(), None if q.ids is None else q.ids.cpu(),
+                               q.vocab_size, q.policy)
+    return dyadic.verify(logits, draft, q, keys, backend=backend, logits=True,
+                         temperature=float(params.temperature), top_k=params.top_k,
+                         top_p=params.top_p, min_p=params.min_p)
 
 
 @dataclass(frozen=True)
