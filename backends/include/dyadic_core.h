@@ -331,17 +331,23 @@ DY_FUNC uint64_t dy_mul_q62(uint64_t a, uint64_t b) {
     return (p.hi << 2) | (p.lo >> 62);
 }
 
-/* floor-chained 2**(-f / 2**32) * 2**62 (four table steps). */
-DY_FUNC uint64_t dy_exp2_neg_q62(uint32_t f) {
-    uint64_t e = dy_exp2_neg_q62_table[0][(f >> 24) & 0xFFu];
-    e = dy_mul_q62(e, dy_exp2_neg_q62_table[1][(f >> 16) & 0xFFu]);
-    e = dy_mul_q62(e, dy_exp2_neg_q62_table[2][(f >> 8) & 0xFFu]);
-    e = dy_mul_q62(e, dy_exp2_neg_q62_table[3][f & 0xFFu]);
+/* floor-chained 2**(-f / 2**32) * 2**62 (four table steps) with the table tab (a copy
+ * of dy_exp2_neg_q62_table: the GPU kernels pass one in shared memory). */
+DY_FUNC uint64_t dy_exp2_neg_q62_tab(uint32_t f, const uint64_t (*tab)[256]) {
+    uint64_t e = tab[0][(f >> 24) & 0xFFu];
+    e = dy_mul_q62(e, tab[1][(f >> 16) & 0xFFu]);
+    e = dy_mul_q62(e, tab[2][(f >> 8) & 0xFFu]);
+    e = dy_mul_q62(e, tab[3][f & 0xFFu]);
     return e;
 }
 
-/* Integer weight ~ 2**39 * exp(-t) of a gap t = zmax - z >= 0 (0 for t >= 32, +inf). */
-DY_FUNC uint64_t dy_weight_from_gap(double t) {
+DY_FUNC uint64_t dy_exp2_neg_q62(uint32_t f) {
+    return dy_exp2_neg_q62_tab(f, dy_exp2_neg_q62_table);
+}
+
+/* Integer weight ~ 2**39 * exp(-t) of a gap t = zmax - z >= 0 (0 for t >= 32, +inf),
+ * with the table tab (dy_exp2_neg_q62_tab). */
+DY_FUNC uint64_t dy_weight_from_gap_tab(double t, const uint64_t (*tab)[256]) {
     uint64_t t32, y, n;
     dy_u128 p;
     if (!(t < DY_EXP_CUTOFF)) return 0;
@@ -350,7 +356,11 @@ DY_FUNC uint64_t dy_weight_from_gap(double t) {
     y = (p.hi << 1) | (p.lo >> 63);
     n = y >> 32;
     if (23 + n >= 63) return 0;
-    return dy_exp2_neg_q62((uint32_t)(y & 0xFFFFFFFFu)) >> (23 + n);
+    return dy_exp2_neg_q62_tab((uint32_t)(y & 0xFFFFFFFFu), tab) >> (23 + n);
+}
+
+DY_FUNC uint64_t dy_weight_from_gap(double t) {
+    return dy_weight_from_gap_tab(t, dy_exp2_neg_q62_table);
 }
 
 /* The exponent e of |x| = mant * 2**e (fixedpoint.f32_mant_exp). */

@@ -77,10 +77,12 @@ LAZY_LIST_CAP = 2048
 CHAIN_MAX_TILE = 16384
 RESIDUAL_MAX_TILE = 8192
 
-#: verify(logits=True): tiles of the per-row passes and of the residual row, >= ~4
-#: blocks per SM, at most 8192 ids (the passes recompute every weight: short tiles keep
-#: every SM busy at B = 1).
-LOGITS_MAX_TILE = 8192
+#: verify(logits=True): tiles of the per-row passes (>= ~4 blocks per SM, at most
+#: LOGITS_MAX_TILE ids: each block merges a 2048-bucket histogram into its row's, so
+#: long tiles at large batches mean fewer global atomics) and of the residual row (at
+#: most LOGITS_RESIDUAL_MAX_TILE: its last block searches one tile again).
+LOGITS_MAX_TILE = 32768
+LOGITS_RESIDUAL_MAX_TILE = 8192
 
 #: the largest grid y and z dimension.
 GRID_YZ = 65535
@@ -221,7 +223,7 @@ def chain_tiles(v, batch, k1, nsm):
 def logits_tiles(v, batch, k1, nsm):
     """(the per-row passes' tile, logits_residual's tile) of verify(logits=True)."""
     return (tile_for(v, batch * k1, nsm, LOGITS_MAX_TILE),
-            tile_for(v, batch, nsm, LOGITS_MAX_TILE))
+            tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE))
 
 
 def kernel_names(primitive, **shape):

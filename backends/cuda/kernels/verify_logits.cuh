@@ -84,11 +84,23 @@ DC_FN bool lg_before(u64 key, int v, u64 ck, i64 cid) {
 /* Token v of a valid row: its order key, weight W (0: no mass) and gap bucket. */
 struct LgEl { u64 key, w; int bucket; };
 
-DC_FN LgEl lg_el(const LgRow& r, double zmax, int v) {
+typedef const uint64_t (*LgTab)[256];  /* the exponential's table (dy_exp2_neg_q62_tab) */
+#define LG_GTAB ((LgTab)dy_exp2_neg_q62_table)
+
+/* The table copied into shared memory (8 KiB): the weight's four random 8-byte
+ * lookups per token then come from shared memory, not from L1. */
+DC_FN LgTab lg_load_table(uint64_t (*tab)[256]) {
+  for (int j = threadIdx.x; j < 4 * 256; j += blockDim.x)
+    tab[j >> 8][j & 255] = dy_exp2_neg_q62_table[j >> 8][j & 255];
+  __syncthreads();
+  return (LgTab)tab;
+}
+
+DC_FN LgEl lg_el(const LgRow& r, double zmax, int v, LgTab tab = LG_GTAB) {
   const double z = lg_z(r, v), gap = zmax - z;
   LgEl e;
   e.key = dy_order_key(z);
-  e.w = dy_weight_from_gap(gap);
+  e.w = dy_weight_from_gap_tab(gap, tab);
   e.bucket = e.w ? (int)(gap * 64.0) : LG_NB;
   return e;
 }
@@ -98,11 +110,11 @@ DC_FN bool lg_surv(u64 w, u64 mpw) { return w && (w << DY_TOTAL_BITS) >= mpw; }
 
 /* P_v of the processed target (0 off the kept set); the weight is computed only for
  * a token before both cuts. */
-DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v) {
+DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v, LgTab tab = LG_GTAB) {
   const double z = lg_z(r, v);
   const u64 key = dy_order_key(z);
   if (!lg_before(key, v, c.kkey, c.kid) || !lg_before(key, v, c.pkey, c.pid)) return 0;
-  const u64 w = dy_weight_from_gap(c.zmax - z);
+  const u64 w = dy_weight_from_gap_tab(c.zmax - z, tab);
   return lg_surv(w, c.mpw) ? w << c.s : 0;
 }
 
@@ -225,14 +237,22 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
   /* the row's record (thread 0) and its histogram zeroed for logits_hist */
   for (int j = tid; j < LG_NB; j += 256) { hcnt[(i64)r * LG_NB + j] = 0; hmass[(i64)r * LG_NB + j] = 0; }
-  if (tid == 0) {
+  if (wid == 0) {  /* the tiles' records, a lane per tile */
     best = 0; arg = 0xFFFFFFFFu; bad = 0;
-    for (int s = 0; s < nt; ++s) {
+    for (int s = lane; s < nt; s += 32) {
       const u64 kk = __ldcg(&part_key[(i64)r * nt + s]);
       const u32 a = __ldcg(&part_id[(i64)r * nt + s]);
       if (kk > best || (kk == best && a < arg)) { best = kk; arg = a; }
       bad |= __ldcg(&part_bad[(i64)r * nt + s]);
     }
+    for (int o = 16; o; o >>= 1) {
+      const u64 ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
+      if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
+    }
+    bad = __any_sync(0xffffffffu, bad != 0);
+  }
+  if (tid == 0) {
     u64* rc = rec + (i64)r * LG_REC;
     rc[LG_ST] = bad ? DY_ST_TARGET_INVALID_VALUE
                     : (best <= DC_KEY_NEG_INF ? DY_ST_TARGET_ZERO_MASS : DY_ST_OK);
@@ -274,6 +294,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   __shared__ int is_last;
   __shared__ u32 sc[LG_NB];
   __shared__ u64 sm[LG_NB];
+  __shared__ uint64_t stab[4][256];
   __shared__ LgFound fd;
   const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
   LgReq q;
@@ -283,10 +304,10 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   const double zmax = dy_key_value(rc[LG_MAXKEY]);
   const u64 mpw = rc[LG_MPW];
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
-  __syncthreads();
+  const LgTab tab = lg_load_table(stab);
   const int lo = t * tile, hi = min(V, lo + tile);
   for (int v = lo + tid; v < hi; v += 256) {
-    const LgEl e = lg_el(row, zmax, v);
+    const LgEl e = lg_el(row, zmax, v, tab);
     if (lg_surv(e.w, mpw)) { atomicAdd(&sc[e.bucket], 1u); atomicAdd(&sm[e.bucket], e.w); }
   }
   __syncthreads();
@@ -571,10 +592,10 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
  * the logits.  Tile sums in 128 bits (sparse q / point mass: every P_v, then the
  * support entries of the tile corrected); the request's last block draws X below
  * the total (domain CORRECTION at the row's position) and the token. */
-struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; };
+struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; LgTab tab; };
 
 DC_FN dy_u128 lg_res_weight(const LgRes& r, int v) {
-  const u64 P = lg_p(r.row, r.c, v);
+  const u64 P = lg_p(r.row, r.c, v, r.tab);
   if (r.bonus) return dy_from64(P);
   return dy_residual(P, q_at(r.qcr, r.qir, r.nv, v, r.d), r.T);
 }
@@ -588,6 +609,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   __shared__ DcShared sh;
   __shared__ int is_last, snv, stile, sok;
   __shared__ dy_u128 sx;
+  __shared__ uint64_t stab[4][256];
   const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x;
   if (b >= B) return;
   const int i = res_row[b];
@@ -597,7 +619,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   LgRes r;
   r.row.x = x; r.row.dt = dt; r.row.off = ((i64)b * (k + 1) + i) * V; r.row.temp = q.temp;
   r.row.greedy = 0;
-  r.c = lg_cut_of(rc); r.T = rc[LG_T];
+  r.c = lg_cut_of(rc); r.T = rc[LG_T]; r.tab = lg_load_table(stab);
   r.bonus = i == k || i == q.n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
   if (!r.bonus) {
     r.d = draft[(i64)b * k + i];
@@ -617,7 +639,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   const bool dense = !r.bonus && r.qcr && !r.qir;
   dy_u128 s = dy_make128(0, 0);
   for (int v = lo + tid; v < hi; v += 256) {
-    const u64 P = lg_p(r.row, r.c, v);
+    const u64 P = lg_p(r.row, r.c, v, r.tab);
     s = dy_add128(s, dense ? dy_residual(P, r.qcr[v], r.T)
                            : (r.bonus ? dy_from64(P)
                                       : dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)));
@@ -625,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
     if (!r.qcr) {
       if (tid == 0 && r.d >= lo && r.d < hi) {
-        const u64 P = lg_p(r.row, r.c, r.d);
+        const u64 P = lg_p(r.row, r.c, r.d, r.tab);
         s = dy_add128(dy_sub128(s, dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)),
                       dy_residual(P, DY_TOTAL, r.T));
       }
@@ -633,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
       for (int j = tid; j < r.nv; j += 256) {
         const int id = r.qir[j];
         if (id >= lo && id < hi) {
-          const u64 P = lg_p(r.row, r.c, id);
+          const u64 P = lg_p(r.row, r.c, id, r.tab);
           s = dy_add128(dy_sub128(s, dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)),
                         dy_residual(P, r.qcr[j], r.T));
         }
@@ -643,21 +665,41 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   s = block_sum128(s, sh);
   if (tid == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
   if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
-  if (tid == 0) {
-    sok = 0; stile = -1;
-    dy_u128 tot = dy_make128(0, 0);
+  if (tid < 32) {  /* warp 0: the tile sums in chunks of consecutive tiles per lane */
+    const int lane = tid;
     const u64* rp = rpart + 2 * (i64)b * nrt;
-    for (int t2 = 0; t2 < nrt; ++t2) tot = dy_add128(tot, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
-    const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-    u32 idx = 0;
-    dy_u128 xx;
-    if (!dy_is_zero128(tot) && dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i,
-                                                      DY_DOMAIN_CORRECTION, &idx, &xx) == DY_ST_OK) {
-      dy_u128 cum = dy_make128(0, 0);
-      for (int t2 = 0; t2 < nrt; ++t2) {
-        const dy_u128 nc = dy_add128(cum, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
-        if (dy_lt128(xx, nc)) { stile = t2; sx = dy_sub128(xx, cum); sok = 1; break; }
-        cum = nc;
+    const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
+    dy_u128 own = dy_make128(0, 0);
+    for (int t2 = a0; t2 < a1; ++t2) own = dy_add128(own, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
+    dy_u128 inc = own;
+    for (int o = 1; o < 32; o <<= 1) {
+      const dy_u128 u = dy_make128(__shfl_up_sync(0xffffffffu, inc.hi, o), __shfl_up_sync(0xffffffffu, inc.lo, o));
+      if (lane >= o) inc = dy_add128(inc, u);
+    }
+    const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
+    int ok = 0;
+    dy_u128 xx = dy_make128(0, 0);
+    if (lane == 0) {
+      const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+      u32 idx = 0;
+      ok = !dy_is_zero128(tot) &&
+           dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
+                                 &idx, &xx) == DY_ST_OK;
+      sok = 0; stile = -1;
+    }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    xx = dy_make128(__shfl_sync(0xffffffffu, xx.hi, 0), __shfl_sync(0xffffffffu, xx.lo, 0));
+    __syncwarp();
+    if (ok) {
+      const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(xx, inc));
+      const int L = bal ? __ffs(bal) - 1 : -1;
+      if (lane == L) {
+        dy_u128 cum = dy_sub128(inc, own);
+        for (int t2 = a0; t2 < a1; ++t2) {
+          const dy_u128 nc = dy_add128(cum, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
+          if (dy_lt128(xx, nc)) { stile = t2; sx = dy_sub128(xx, cum); sok = 1; break; }
+          cum = nc;
+        }
       }
     }
   }
