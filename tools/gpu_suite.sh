@@ -8,7 +8,8 @@
 #   numba   the numba parity tests
 #   integrations  tests/integrations on the GPU (cuda / numba vs cpu with CUDA models;
 #           the tiny models train there once, cached under /tmp/dyadic-model-cache)
-#   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400)
+#   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400), then
+#           the verify_logits primitive on cpu,cuda
 #   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
 #           (comma-separated substrings) picks cases
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
@@ -50,6 +51,7 @@ PY
       tests/gpu/test_gpu_large_batch.py tests/gpu/test_launch_pack.py \
       tests/gpu/test_cuda_routes.py tests/gpu/test_device_host_tensor.py \
       tests/gpu/test_gpu_ragged.py tests/gpu/test_gpu_logits_unavailable.py \
+      tests/gpu/test_gpu_verify_logits.py \
       tests/bench/test_gpu_cases.py tests/cpu/test_fail_closed_rows.py \
       tests/cpu/test_memory_safety.py tests/cpu/test_dyadic_ownership.py \
       tests/cpu/test_trusted_results.py tests/cpu/test_import_light.py 2>&1 | tail -${TAIL:-40}
@@ -72,6 +74,9 @@ PY
   timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --backends cpu,cuda,numba --cases ${FUZZ_CASES:-400} \
       --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz" 2>&1 | tail -12
   echo "fuzz exit: $?"
+  timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives verify_logits --backends cpu,cuda \
+      --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz-logits" 2>&1 | tail -6
+  echo "fuzz verify_logits exit: $?"
   fi
   if has bench; then stamp "dyadic.bench gpu"
   timeout ${BENCH_T:-180} python3 -m dyadic.bench gpu --batch ${BATCH:-1,4,16,64} \
