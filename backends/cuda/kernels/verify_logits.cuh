@@ -5,9 +5,11 @@
  * bonus draw of section 5.  Five launches, every one graph-capturable (per-row state
  * lives in scratch that each call rewrites before reading):
  *
- *  logits_max       grid (tiles, rows): per tile the largest z (ties: lowest id) and
- *                   the NaN / +inf flag; the row's last block sets its record (status,
- *                   zmax, argmax, min-p threshold) and zeroes its histogram.
+ *  logits_max       grid (tiles, rows): per tile the largest logit (integer order key
+ *                   of its float32 value, ties: lowest id) and the NaN / +inf flag; the
+ *                   row's last block divides that logit once (z is monotone in x, so
+ *                   zmax = z(xmax)), sets the row's record (status, zmax, argmax,
+ *                   min-p threshold) and zeroes its histogram.
  *  logits_hist      grid (tiles, rows): the weight W_v of every token (the fixed-point
  *                   exponential of allocate) and, over the survivors of min-p with
  *                   W_v > 0, a histogram of counts and masses by gap bucket
@@ -63,6 +65,18 @@ struct LgRow { const void* x; int dt; i64 off; double temp; int greedy; };
 DC_FN double lg_z(const LgRow& r, int v) {
   const double z = dc_f2d(load_f(r.x, r.dt, r.off + v));
   return (r.greedy || r.temp == 1.0) ? z : z / r.temp;
+}
+
+/* The order key of a float32 value given as bits (-0 counts as +0): keys compare as
+ * the values do, with no float arithmetic (CuPy compiles with -ftz). */
+DC_FN u64 lg_xkey(u32 b) {
+  if (b == 0x80000000u) b = 0u;
+  return (b >> 31) ? (u64)(~b) : (u64)(b | 0x80000000u);
+}
+
+/* The value of an lg_xkey key, as a double (exact). */
+DC_FN double lg_key_x(u32 k) {
+  return dc_f2d(__uint_as_float((k >> 31) ? (k & 0x7FFFFFFFu) : ~k));
 }
 
 /* The decided state of a row: zmax, the min-p threshold, the two cuts, the scaling. */
@@ -213,9 +227,9 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   u64 best = 0; u32 arg = 0xFFFFFFFFu, bad = 0;
   const int lo = t * tile, hi = min(V, lo + tile);
   for (int v = lo + tid; v < hi; v += 256) {
-    const double z = lg_z(row, v);
-    if (!(z < dy_inf())) { bad = 1; continue; }  /* NaN, +inf */
-    const u64 key = dy_order_key(z);
+    const u32 xb = __float_as_uint(load_f(row.x, row.dt, row.off + v));
+    if ((xb & 0x7FFFFFFFu) >= 0x7F800000u && xb != 0xFF800000u) { bad = 1; continue; }  /* NaN, +inf */
+    const u64 key = lg_xkey(xb);
     if (key > best) { best = key; arg = (u32)v; }  /* ids ascending per thread */
   }
   for (int o = 16; o; o >>= 1) {
@@ -254,6 +268,12 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   }
   if (tid == 0) {
     u64* rc = rec + (i64)r * LG_REC;
+    /* zmax = z(xmax): division by T > 0 is monotone, so the largest z is the largest
+     * x divided once (+inf when it overflows: TARGET_INVALID_VALUE, as a z of +inf) */
+    const double xmax = lg_key_x((u32)best);
+    const double zmax = (q.greedy || q.temp == 1.0) ? xmax : xmax / q.temp;
+    if (!(zmax < dy_inf())) bad = 1;
+    best = dy_order_key(zmax);
     rc[LG_ST] = bad ? DY_ST_TARGET_INVALID_VALUE
                     : (best <= DC_KEY_NEG_INF ? DY_ST_TARGET_ZERO_MASS : DY_ST_OK);
     rc[LG_MAXKEY] = best; rc[LG_ARG] = arg;
@@ -306,15 +326,20 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
   const LgTab tab = lg_load_table(stab);
   const int lo = t * tile, hi = min(V, lo + tile);
+  /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
+  const bool counts = q.topk > 0;
   for (int v = lo + tid; v < hi; v += 256) {
     const LgEl e = lg_el(row, zmax, v, tab);
-    if (lg_surv(e.w, mpw)) { atomicAdd(&sc[e.bucket], 1u); atomicAdd(&sm[e.bucket], e.w); }
+    if (lg_surv(e.w, mpw)) {
+      if (counts) atomicAdd(&sc[e.bucket], 1u);
+      atomicAdd(&sm[e.bucket], e.w);
+    }
   }
   __syncthreads();
   u32* gc = hcnt + (i64)r * LG_NB;
   u64* gm = hmass + (i64)r * LG_NB;
-  for (int j = tid; j < LG_NB; j += 256)
-    if (sc[j]) { atomicAdd(&gc[j], sc[j]); atomicAdd(&gm[j], sm[j]); }
+  for (int j = tid; j < LG_NB; j += 256)  /* a survivor has W > 0: mass 0 iff none */
+    if (sm[j]) { if (counts) atomicAdd(&gc[j], sc[j]); atomicAdd(&gm[j], sm[j]); }
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = __ldcg(&gc[j]); sm[j] = __ldcg(&gm[j]); }
   __syncthreads();
