@@ -247,8 +247,10 @@ def target_of(xf, b, i, n, g, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist, s):
     if g:
         st, arg = logits_argmax(xf, b, i, n)
         return st, U1, arg
+    # no bias: xf[b] stands for it ([k+1, V], never read), a 2-D array as the bias of
+    # allocate, so that compiled numba types z_of's unused bias branch
     st, total, arg = processed_row(xf, b, i, n, t, top_k, pbits, mbits, P, KEY, ID, IDX, hist,
-                                   s, xf, False, 0)
+                                   s, xf[b], False, 0)
     if st != 0:
         return st, total, arg
     sh = 62 - (bitlen(total) - 1)
