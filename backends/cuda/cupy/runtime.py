@@ -12,6 +12,7 @@ Scratch buffers are shared by the calls on one device: do not run two dyadic cal
 concurrently on different streams of the same device.
 """
 
+import hashlib
 import os
 
 from . import launch
@@ -53,8 +54,19 @@ def include_dir():
 
 
 def source():
+    """kernels.cu, after a first line holding the SHA-256 of every header it can
+    include (the kernel directory's ``.cuh`` files and the shared integer core).
+    CuPy's on-disk kernel cache keys on the source text and the options, not on the
+    files an ``#include`` reads: without the digest, a changed header (a new dyadic
+    version, an edited tree) would load the binary compiled from the old one."""
+    digest = hashlib.sha256()
+    for folder in (KERNEL_DIR, include_dir()):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith((".cuh", ".h")):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read() + b"\0")
     with open(os.path.join(KERNEL_DIR, "kernels.cu")) as f:
-        return f.read()
+        return f"// headers sha256 {digest.hexdigest()}\n" + f.read()
 
 
 def module(dev=None):
