@@ -11,7 +11,7 @@
 #   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400), then
 #           the verify_logits primitive on cpu,cuda
 #   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
-#           (comma-separated substrings) picks cases
+#           (comma-separated substrings, or =NAME for one case) picks cases
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
 #           dyadic/bench/gpu.py per side, then python -m dyadic.bench compare

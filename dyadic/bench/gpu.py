@@ -402,8 +402,16 @@ def parse(argv=None):
     p.add_argument("--out", default=".", help="directory for gpu-LABEL.json")
     p.add_argument("--label", default="run", help="names the run in its rows and file name")
     p.add_argument("--cases", default="", help="comma-separated substrings: only the cases "
-                   "whose name contains one of them (default: every case)")
+                   "whose name contains one of them; an entry =NAME takes the case NAME "
+                   "alone (default: every case)")
     return p.parse_args(argv)
+
+
+def selects(entry, name):
+    """Whether a --cases entry takes the case ``name``: "=NAME" exactly, else a substring."""
+    if entry.startswith("="):
+        return entry[1:] == name
+    return bool(entry) and entry in name
 
 
 def main(argv=None):
@@ -422,7 +430,7 @@ def main(argv=None):
     for B in a.batch:
         inp = Inputs(B, a.vocab, a.k)
         for case in cases(inp):
-            if a.cases and not any(c and c in case.name for c in a.cases.split(",")):
+            if a.cases and not any(selects(c, case.name) for c in a.cases.split(",")):
                 continue
             rows.append(measure(case, B, a.reps, a.label))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

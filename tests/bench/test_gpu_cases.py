@@ -27,6 +27,13 @@ def test_parse():
     assert (a.batch, a.vocab, a.k, a.reps, a.out, a.label) == ([2, 8], 1000, 3, 7, "d", "old")
 
 
+def test_case_selection():
+    assert gpu.selects("verify_k5_dense", "verify_k5_dense_lazy_close_cold")
+    assert gpu.selects("=verify_k5_dense", "verify_k5_dense")
+    assert not gpu.selects("=verify_k5_dense", "verify_k5_dense_lazy")
+    assert not gpu.selects("", "verify_k5_dense")
+
+
 def test_cases_run_once_on_the_host_backend(monkeypatch):
     monkeypatch.setattr(gpu, "L2_BYTES", 1)  # two input sets per cold case
     B, V, k = 3, 300, 4
