@@ -7,11 +7,15 @@ fail a bad row closed (status code, outputs -1 / counts 0) whether or not
 the Python layer validated it (docs/semantics.md, section 6); a shape
 mismatch is structural and raises ValueError naming the array.
 Shapes: B rows, V vocabulary, W sparse width (or V), k draft depth.
-Keys arrive as four arrays of length B: seed (uint64), generation, round,
-position (uint32).
+Keys arrive as four arrays: from the host path of length B, seed (uint64),
+generation, round, position (uint32); from dyadic._device NumPy arrays of that
+kind or device arrays as the caller gave them, which the backend checks itself
+(integers of 4 or 8 bytes, length B or 1: a length-1 field broadcasts).
 """
 
 import importlib
+
+import numpy as np
 
 
 class Backend:
@@ -114,14 +118,16 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} has no verify from logits")
 
     # Runners: what dyadic._device's call plans call for device arrays, made once per
-    # call configuration (on the call's device).  The defaults call the kernels above.
+    # call configuration (on the call's device).  The defaults call the kernels above,
+    # with the key fields through ``device_keys``.
     def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose):
         """``run(x, bias, temperature, keys, tokens, counts, ids, status)`` for allocate
         (``propose`` False: keys and tokens None) or propose calls of this shape (x
         [batch, v] of ``x_dtype``, the torch dtype); ``keys`` the four key arrays."""
         if propose:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
-                self.propose(x, bias, temp, policy, top_k, *keys, tokens, counts, ids, status)
+                self.propose(x, bias, temp, policy, top_k, *device_keys(keys), tokens, counts,
+                             ids, status)
         else:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
                 self.allocate(x, bias, temp, logits, policy, top_k, counts, ids, status)
@@ -130,7 +136,7 @@ class Backend:
     def draw_runner(self, batch, width):
         """``run(counts, ids, keys, tokens)`` for draw calls of this shape."""
         def run(counts, ids, keys, tokens):
-            self.draw(counts, ids, *keys, tokens)
+            self.draw(counts, ids, *device_keys(keys), tokens)
         return run
 
     def verify_runner(self, batch, k1, v, width, greedy, lazy, ragged=False):
@@ -143,13 +149,13 @@ class Backend:
             method = self.verify
         elif lazy and self.has_lazy_verify:
             def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
-                self.verify_lazy(t, d, qc, qi, *keys, a, tk, st, nd)
+                self.verify_lazy(t, d, qc, qi, *device_keys(keys), a, tk, st, nd)
             return run
         else:
             method = self.verify_plain
 
         def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
-            method(t, d, qc, qi, g, *keys, a, tk, st, nd)
+            method(t, d, qc, qi, g, *device_keys(keys), a, tk, st, nd)
         return run
 
     def verify_logits_runner(self, batch, k1, v, width, x_dtype):
@@ -159,8 +165,30 @@ class Backend:
         of ``x_dtype`` (torch float32 / float16 / bfloat16), ``params`` the four
         parameter tensors of ``verify_logits`` (top_p / min_p float32)."""
         def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):
-            self.verify_logits(t, d, qc, qi, g, *params, *keys, a, tk, st, nd)
+            self.verify_logits(t, d, qc, qi, g, *params, *device_keys(keys), a, tk, st, nd)
         return run
+
+
+KEY_FIELDS = ("seed", "generation", "round", "position")
+_KEY_DTYPES = frozenset(("int32", "uint32", "int64", "uint64"))
+
+
+def device_keys(keys):
+    """The key fields of a device call (dyadic._device) as the kernel methods of the
+    default runners take them: NumPy arrays (from ``Keys.broadcast``) as they are; a
+    device array must hold integers of 4 or 8 bytes (TypeError naming ``keys.<field>``)
+    and is passed 1-D (a view of another shape; the kernel methods check the lengths)."""
+    out = []
+    for name, a in zip(KEY_FIELDS, keys):
+        if not isinstance(a, np.ndarray):
+            dtype = str(a.dtype).replace("torch.", "")
+            if dtype not in _KEY_DTYPES:
+                raise TypeError(f"keys.{name}: dtype {dtype} is not supported; device key "
+                                f"arrays need 4- or 8-byte integers")
+            if len(a.shape) != 1:
+                a = a.reshape(-1)
+        out.append(a)
+    return out
 
 
 #: Backends that run on a CUDA device (and take dyadic/_device.py for device arrays).

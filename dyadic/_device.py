@@ -161,7 +161,7 @@ class _AllocPlan:
                                                 "logits" if self.propose else "x")
         k = None
         if self.propose:
-            k = _ga._keys(keys, self.batch, self.dev, self.check)
+            k = _ga._keys(keys, self.batch, self.check)
             tokens, counts, ids, status = _ga._outputs(out, self.dev, self.specs)
         else:
             tokens = None
@@ -240,7 +240,7 @@ class _DrawPlan:
         if ids is not None:
             i2 = ids if ids.is_contiguous() and ids.dim() == 2 else (
                 ids.reshape(batch, w).contiguous())
-        k = _ga._keys(keys, batch, self.dev, self.check)
+        k = _ga._keys(keys, batch, self.check)
         (tokens,) = _ga._outputs(out, self.dev, self.specs)
         if batch:
             _run(self, c2, i2, k, tokens)
@@ -356,7 +356,7 @@ class _VerifyPlan:
                 qi = _ga._host_tensor(qi, self.dev).contiguous()
         check = self.check
         g = self.zeros if greedy is None else _ga._greedy(greedy, b, self.dev)
-        keys_b = _ga._keys(keys, b, self.dev, check, extra=self.k)
+        keys_b = _ga._keys(keys, b, check, extra=self.k)
         accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
         if b:
             if self.logits:

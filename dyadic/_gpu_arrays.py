@@ -151,67 +151,30 @@ def _temperature(temperature, batch, device, allow_zero, check):
 _TEMP_CACHE = {}
 
 
-def _keys(keys, batch, device, check, extra=0):
-    """Key fields as device arrays (int64 seed / int32 others, or as given)."""
-    torch = _TORCH or _torch()
+def _keys(keys, batch, check, extra=0):
+    """The four key fields of a call as its backend's runner takes them.
+
+    CUDA tensors pass as they are: the backend checks their structure (4- or 8-byte
+    integers, 1 or B entries) and reads them in place ("cuda": ``args.keys``; "numba":
+    ``dyadic._backend.device_keys`` and the kernel methods).  Host fields (Python ints,
+    NumPy arrays, CPU tensors) are validated and broadcast by ``Keys.broadcast`` into
+    NumPy arrays of length ``batch`` (uint64 seed, uint32 others), which the backend
+    uploads.  ``check`` True also validates the CUDA tensors' values, on a host copy.
+    ``extra``: the largest offset the kernels add to ``position`` (verify's k)."""
     if not isinstance(keys, Keys):
         raise TypeError(f"keys: expected dyadic.Keys, got {type(keys).__name__}")
-    fields = (keys.seed, keys.generation, keys.round, keys.position)
-    kd = _KEY_DTYPES or _key_dtypes()
-    if not check:
-        # hot path: 1-D contiguous integer CUDA tensors of length B or 1 pass as they are
-        # (a shape (B,) or (1,) is dim() == 1 and numel() in (1, B))
-        tt, ks, full, one = torch.Tensor, _KEY_DTYPE_SET, (batch,), (1,)
-        for f in fields:
-            if (type(f) is not tt or not f.is_cuda or f.dtype not in ks
-                    or ((s := f.shape) != full and s != one) or not f.is_contiguous()):
-                break
-        else:
-            return fields
-    on_dev = [isinstance(f, torch.Tensor) and f.device.type == "cuda" for f in fields]
+    tt = (_TORCH or _torch()).Tensor
+    s, g, r, p = fields = (keys.seed, keys.generation, keys.round, keys.position)
+    if (not check and type(s) is tt and type(g) is tt and type(r) is tt and type(p) is tt
+            and s.is_cuda and g.is_cuda and r.is_cuda and p.is_cuda):
+        return fields  # the hot path: device keys, checked by the backend
+    on_dev = [isinstance(f, tt) and f.is_cuda for f in fields]
     if not any(on_dev):
-        host = keys.broadcast(batch, position_extra=extra)
-        return tuple(host)  # NumPy: the backend uploads them in one copy
-    if not check and all(on_dev):
-        # 1-D contiguous integer device fields of length B or 1 pass as they are
-        for f in fields:
-            if (f.dim() != 1 or f.shape[0] not in (1, batch) or not f.is_contiguous()
-                    or f.dtype not in kd):
-                break
-        else:
-            return fields
-    if check:
-        host = Keys(*[f.cpu() if d else f for f, d in zip(fields, on_dev)])
-        host.broadcast(batch, position_extra=extra)
-    out = []
-    for f, d, (name, _, dtype) in zip(fields, on_dev, (("seed", 0, torch.int64),
-                                                      ("generation", 0, torch.int32),
-                                                      ("round", 0, torch.int32),
-                                                      ("position", 0, torch.int32))):
-        if not d:
-            f = torch.as_tensor(np.broadcast_to(np.asarray(f), (batch,)).astype(
-                np.uint64 if name == "seed" else np.uint32).view(
-                np.int64 if name == "seed" else np.int32)).to(device)
-        f = f.reshape(-1)
-        if f.shape[0] not in (1, batch):
-            raise ValueError(f"keys.{name}: length {f.shape[0]} does not match the batch {batch}")
-        if f.element_size() not in (4, 8) or f.is_floating_point():
-            raise TypeError(f"keys.{name}: device keys need 32- or 64-bit integers")
-        out.append(f.contiguous())
-    return tuple(out)
-
-
-_KEY_DTYPES = ()
-_KEY_DTYPE_SET = frozenset()
-
-
-def _key_dtypes():
-    global _KEY_DTYPES, _KEY_DTYPE_SET
-    if not _KEY_DTYPES:
-        torch = _torch()
-        _KEY_DTYPES = (torch.int64, torch.int32, torch.uint32, torch.uint64)
-        _KEY_DTYPE_SET = frozenset(_KEY_DTYPES)
-    return _KEY_DTYPES
+        return keys.broadcast(batch, position_extra=extra)
+    # the host fields validated (with ``check`` the device ones too, on a host copy)
+    host = Keys(*[(f.cpu() if check else 0) if d else f for f, d in zip(fields, on_dev)])
+    host = host.broadcast(batch, position_extra=extra)
+    return tuple(f if d else h for f, h, d in zip(fields, host, on_dev))
 
 
 def _outputs(out, device, specs):

@@ -257,3 +257,25 @@ def test_dtype_messages_do_not_depend_on_the_array_library():
         msgs.append(str(err.value))
     assert msgs[0] == msgs[1] == ("x: dtype float64 not supported; expected float32, float16 "
                                   "or bfloat16 (convert explicitly: dyadic never rounds inputs)")
+
+
+def test_default_runners_check_device_key_fields():
+    """The backend runners' defaults (numba's on GPU arrays) take device key fields of
+    4- or 8-byte integers (another shape as a 1-D view; the kernel methods check the
+    length) and NumPy fields as they are; other dtypes raise, naming the field."""
+    torch = pytest.importorskip("torch")
+    from dyadic._backend import device_keys
+    good = [torch.zeros(3, dtype=dt) for dt in (torch.int64, torch.int32, torch.uint32,
+                                                torch.uint64)]
+    assert all(a is b for a, b in zip(device_keys(good), good))
+    host = np.zeros(3, np.uint64)
+    assert device_keys([host] + good[1:])[0] is host
+    flat = device_keys([torch.zeros((3, 1), dtype=torch.int64)] + good[1:])[0]
+    assert tuple(flat.shape) == (3,)
+    for j, dt, name in ((0, torch.float32, "float32"), (2, torch.int16, "int16"),
+                        (3, torch.bool, "bool")):
+        bad = list(good)
+        bad[j] = torch.zeros(3, dtype=dt)
+        field = ("seed", "generation", "round", "position")[j]
+        with pytest.raises(TypeError, match=f"keys.{field}: dtype {name} is not supported"):
+            device_keys(bad)

@@ -4,8 +4,10 @@ backends/cuda/cupy/routes.py decides which kernels serve a call from its shape a
 this is the one test that names kernels.  The parity tests choose their shapes from
 this table so that every kernel is compared with the CPU backend (the file named in
 each row's comment).  Also: the tiles respect the kernels' limits, drafts deeper than the
-verify kernels take are refused before anything touches the device, and host key fields
-go up in one packed upload.
+verify kernels take are refused before anything touches the device, host key fields
+go up in one packed upload, and key arrays the kernels cannot read (a length other than 1
+or B, words other than 4- or 8-byte integers) are refused by args.keys, the backend's
+one check of them.
 """
 
 import numpy as np
@@ -151,3 +153,84 @@ def test_host_keys_packed_in_one_upload(batch):
         assert row.tolist() == np.broadcast_to(f.astype(np.uint64), (batch,)).tolist()
     assert [int(p) for p in ptrs] == [0x10000 + 8 * batch * j for j in range(4)]
     assert fmt == 0b01010101
+
+
+class _DeviceArray:
+    """A stand-in device array: ``__cuda_array_interface__`` only (no memory behind it;
+    args.keys reads no data)."""
+
+    def __init__(self, shape, typestr, ptr=0x2000, strides=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+
+
+def _no_upload(a):
+    raise AssertionError("nothing is uploaded for device key arrays")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_device_key_arrays_read_in_place(batch):
+    """Device key arrays: their own pointers; per field 2 format bits, bit 0 for 8-byte
+    words, bit 1 for a length-1 field of a batch other than 1."""
+    fields = (_DeviceArray((batch,), "<u8", 0x1000), _DeviceArray((1,), "<i4", 0x2000),
+              _DeviceArray((batch,), "<u4", 0x3000), _DeviceArray((1,), "<i8", 0x4000))
+    ptrs, fmt = args.keys(_no_upload, *fields, batch)
+    assert ptrs == [0x1000, 0x2000, 0x3000, 0x4000]
+    one = 0b10 if batch != 1 else 0
+    assert fmt == 0b01 | one << 2 | 0b00 << 4 | (0b01 | one) << 6
+
+
+BAD_KEY_ARRAYS = [  # (array for a batch of 3, exception, message)
+    (_DeviceArray((3,), "<f4"), TypeError, "dtype float32 is not supported; device key arrays "
+                                           "need 4- or 8-byte integers"),
+    (_DeviceArray((3,), "<f8"), TypeError, "dtype float64 is not supported"),
+    (_DeviceArray((3,), "<i2"), TypeError, "dtype int16 is not supported"),
+    (_DeviceArray((3,), "|b1"), TypeError, "dtype bool is not supported"),
+    (_DeviceArray((2,), "<i8"), ValueError, "length 2 does not match the batch 3"),
+    (_DeviceArray((4,), "<u4"), ValueError, "length 4 does not match the batch 3"),
+    (_DeviceArray((3,), "<i8", strides=(16,)), ValueError, r"strides \(16,\); device key "
+                                                           "arrays must be contiguous"),
+    (np.zeros(3, np.float32), TypeError, "dtype float32 is not an integer dtype"),
+    (np.zeros(2, np.uint64), ValueError, "length 2 does not match the batch 3"),
+    ([1, 2, 3], TypeError, "expected a device array or a NumPy array, got list"),
+]
+
+
+@pytest.mark.parametrize("field", range(4))
+@pytest.mark.parametrize("bad,exc,msg", BAD_KEY_ARRAYS)
+def test_backend_refuses_key_arrays_it_cannot_read(field, bad, exc, msg):
+    """args.keys (the cuda backend's only check of key arrays) refuses, naming the field,
+    every key array the kernels could not read as 1 or B integer words of 4 or 8 bytes,
+    before anything is uploaded."""
+    fields = [_DeviceArray((3,), "<i8", 0x1000 * (j + 1)) for j in range(4)]
+    fields[field] = bad
+    name = args.KEY_FIELDS[field]
+    with pytest.raises(exc, match=f"keys.{name}: {msg}"):
+        args.keys(_no_upload, *fields, 3)
+
+
+def test_host_and_device_key_fields_together():
+    """NumPy fields beside device ones go up in one upload (one uint64 row each); the
+    device ones are read in place."""
+    seen = []
+
+    def call(a):
+        seen.append(a.copy())
+        return 0x10000
+
+    fields = (np.array([5], np.uint64), _DeviceArray((3,), "<i4", 0x2000),
+              np.array([1, 2, 3], np.uint32), _DeviceArray((1,), "<u8", 0x4000))
+    ptrs, fmt = args.keys(call, *fields, 3)
+    (packed,) = seen
+    assert packed.tolist() == [[5, 5, 5], [1, 2, 3]]
+    assert ptrs == [0x10000, 0x2000, 0x10000 + 8 * 3, 0x4000]
+    assert fmt == 0b01 | 0b00 << 2 | 0b01 << 4 | 0b11 << 6
+
+
+def test_backend_refuses_host_torch_key_tensors():
+    """A CPU tensor given to the backend directly is refused (the kernels would read its
+    host address); dyadic.propose / draw / verify validate such fields as host data."""
+    torch = pytest.importorskip("torch")
+    fields = [torch.zeros(3, dtype=torch.int64) for _ in range(4)]
+    with pytest.raises(TypeError, match="keys.seed: a cpu tensor"):
+        args.keys(_no_upload, *fields, 3)

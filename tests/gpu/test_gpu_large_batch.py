@@ -13,7 +13,8 @@ GPU tests (skip without CuPy + torch CUDA):
   Q_INVALID, then Q_ZERO_AT_DRAFT, after the target rows; greedy requests do not
   consult q), tokens -1 and accepted 0 for the failed requests, the CPU backend's
   results for the others; a sparse draw row breaking a Dyadic rule gives -1; shapes the
-  kernels would index beyond raise ValueError.
+  kernels would index beyond raise ValueError, and so do key arrays they cannot read
+  (ValueError / TypeError naming the field).
 """
 
 import numpy as np
@@ -486,5 +487,42 @@ def test_shapes_the_kernels_would_index_beyond_raise(cb):
         run(qi=ids[:, :, :4])
     with pytest.raises(ValueError, match="draft"):
         run(d=draft[:, :2])
-    with pytest.raises(ValueError, match="keys"):
+    with pytest.raises(ValueError, match="keys.seed: length 2 does not match the batch 4"):
         run(keys=(keys[0][:2],) + keys[1:])
+
+
+def test_key_arrays_the_kernels_cannot_read_raise(cb):
+    """The backend called directly refuses key tensors that are not 1 or B integers of 4
+    or 8 bytes on the GPU, naming the field; a strided one is read as its values."""
+    import torch
+    from dyadic import _backend
+    be = _backend.get("cuda")
+    b = 4
+    q = dyadic.allocate(np.random.default_rng(3).random((b, 50), dtype=np.float32),
+                        backend="cpu")
+    counts = torch.from_numpy(np.asarray(q.counts).copy()).cuda()
+    seed, pos = np.arange(b, dtype=np.uint64) + 9, np.arange(b, dtype=np.int32) + 2
+    good = _dev_keys(torch, seed, pos)
+
+    def draw(j, field):
+        keys = list(good)
+        keys[j] = field
+        tokens = torch.full((b,), 7, dtype=torch.int32, device="cuda")
+        be.draw(counts, None, *keys, tokens)
+        return _np(tokens)
+
+    want = draw(0, good[0])
+    np.testing.assert_array_equal(want, np.asarray(dyadic.draw(q, dyadic.Keys(
+        seed=seed, generation=2, round=1, position=pos), backend="cpu")))
+    dev = {"device": "cuda"}
+    with pytest.raises(TypeError, match="keys.seed: dtype float32 is not supported"):
+        draw(0, torch.zeros(b, dtype=torch.float32, **dev))
+    with pytest.raises(TypeError, match="keys.generation: dtype int16 is not supported"):
+        draw(1, torch.zeros(b, dtype=torch.int16, **dev))
+    with pytest.raises(ValueError, match="keys.round: length 3 does not match the batch 4"):
+        draw(2, torch.ones(3, dtype=torch.int32, **dev))
+    with pytest.raises(TypeError, match="keys.position: a cpu tensor"):
+        draw(3, torch.from_numpy(pos))
+    strided = torch.from_numpy(np.repeat(pos, 2)).cuda()[::2]
+    assert not strided.is_contiguous()
+    np.testing.assert_array_equal(draw(3, strided), want)

@@ -15,6 +15,7 @@ MAX_K_VERIFY = 63  # the verify kernels' largest draft depth
 
 _TENSOR = []  # [torch.Tensor] once torch has been imported by someone
 _TT = type("_NoTensor", (), {})  # torch.Tensor once seen: exact-type checks on the hot path
+_KEY_WORD = {}  # torch integer dtype of 4 or 8 bytes -> its key format bit 0 (1: 8-byte words)
 
 
 def _is_torch(a):
@@ -25,6 +26,9 @@ def _is_torch(a):
             return False
         _TENSOR.append(torch.Tensor)
         _TT = torch.Tensor
+        for dt, bit in (("int32", 0), ("uint32", 0), ("int64", 1), ("uint64", 1)):
+            if hasattr(torch, dt):
+                _KEY_WORD[getattr(torch, dt)] = bit
     return isinstance(a, _TENSOR[0])
 
 
@@ -97,10 +101,7 @@ class Call:
             return a.data_ptr()
         if isinstance(a, np.ndarray):
             cp = runtime.cupy()
-            d = cp.asarray(a)
-            if not self.keep:
-                self.keep, self.back = [], []
-            self.keep.append(d)
+            d = self.hold(cp.asarray(a))
             if out:
                 self.back.append((d, a))
             return d.data.ptr
@@ -115,81 +116,129 @@ class Call:
                 return tuple([self(a, out) for a in arrays])
         return tuple([NULL if a is None else a.data_ptr() for a in arrays])
 
+    def hold(self, d):
+        """Keep device array ``d`` alive as long as this call (returns it)."""
+        if not self.keep:
+            self.keep, self.back = [], []
+        self.keep.append(d)
+        return d
+
     def finish(self):
         if self.back:
             for d, a in self.back:
                 a[...] = d.get()
 
 
-def _count(a):
-    """The number of entries of a device (or host) array."""
-    shape = getattr(a, "shape", None)
-    if shape is None:
-        shape = a.__cuda_array_interface__["shape"]
+KEY_FIELDS = ("seed", "generation", "round", "position")
+
+
+def keys(call, seed, generation, round_, position, batch):
+    """Pointers and the format word of the four key arrays: the cuda path's one check of
+    them (dyadic._device passes CUDA tensors as the caller gave them).
+
+    The kernels read entry ``row`` of a field (entry 0 of a length-1 one) in place, so a
+    device array (CUDA torch tensor, CuPy, ``__cuda_array_interface__``) must hold
+    integers of 4 or 8 bytes (TypeError) and have 1 or ``batch`` entries (ValueError),
+    each naming ``keys.<field>``; a strided torch tensor is copied contiguous, another
+    strided array refused.  NumPy fields (integers, 1 or ``batch`` entries) go up in one
+    upload, a uint64 row of ``batch`` words each.  ``fmt``: two bits per field (field j
+    at bit 2j): bit 0 set for 8-byte words, bit 1 for a length-1 field of a batch other
+    than 1 (broadcast)."""
+    tt = _TT
+    if (type(seed) is tt and type(generation) is tt and type(round_) is tt
+            and type(position) is tt):  # the hot path: torch tensors, tested side by side
+        kw = _KEY_WORD
+        w0, w1, w2, w3 = (kw.get(seed.dtype), kw.get(generation.dtype), kw.get(round_.dtype),
+                          kw.get(position.dtype))
+        n0, n1, n2, n3 = seed.numel(), generation.numel(), round_.numel(), position.numel()
+        if (w0 is not None and w1 is not None and w2 is not None and w3 is not None
+                and (n0 == batch or n0 == 1) and (n1 == batch or n1 == 1)
+                and (n2 == batch or n2 == 1) and (n3 == batch or n3 == 1)
+                and seed.is_cuda and generation.is_cuda and round_.is_cuda and position.is_cuda
+                and seed.is_contiguous() and generation.is_contiguous()
+                and round_.is_contiguous() and position.is_contiguous()):
+            one = 2 if batch != 1 else 0  # the broadcast bit of a length-1 field
+            return ([seed.data_ptr(), generation.data_ptr(), round_.data_ptr(),
+                     position.data_ptr()],
+                    (w0 | (one if n0 == 1 else 0)) | (w1 | (one if n1 == 1 else 0)) << 2
+                    | (w2 | (one if n2 == 1 else 0)) << 4 | (w3 | (one if n3 == 1 else 0)) << 6)
+    return _keys_each(call, (seed, generation, round_, position), batch)
+
+
+def _keys_each(call, fields, batch):
+    """``keys`` field by field: the first rule a field breaks raises; NumPy fields are
+    packed into one upload."""
+    ptrs, fmt, host = [NULL] * 4, 0, []
+    for j, a in enumerate(fields):
+        name = KEY_FIELDS[j]
+        if isinstance(a, np.ndarray):
+            if a.dtype.kind not in "iu":
+                raise TypeError(f"keys.{name}: dtype {a.dtype.name} is not an integer dtype")
+            if a.size not in (1, batch):
+                raise ValueError(f"keys.{name}: length {a.size} does not match the batch "
+                                 f"{batch} (a key array has 1 or B entries)")
+            host.append(j)
+            continue
+        cai = None
+        if _is_torch(a):
+            if not a.is_cuda:
+                raise TypeError(f"keys.{name}: a {a.device.type} tensor; the kernels read "
+                                f"key tensors on the GPU (NumPy arrays are copied there)")
+            word, n, dtype = _KEY_WORD.get(a.dtype), a.numel(), dtype_name(a)
+        else:
+            cai = getattr(a, "__cuda_array_interface__", None)
+            if cai is None:
+                raise TypeError(f"keys.{name}: expected a device array or a NumPy array, got "
+                                f"{type(a).__name__}")
+            dt = np.dtype(cai["typestr"])
+            word = int(dt.itemsize == 8) if dt.kind in "iu" and dt.itemsize in (4, 8) else None
+            n, dtype = _prod(cai["shape"]), dt.name
+        if word is None:
+            raise TypeError(f"keys.{name}: dtype {dtype} is not supported; device key arrays "
+                            f"need 4- or 8-byte integers")
+        if n not in (1, batch):
+            raise ValueError(f"keys.{name}: length {n} does not match the batch {batch} (a "
+                             f"key array has 1 or B entries)")
+        if cai is None:
+            if not a.is_contiguous():  # the kernels read n consecutive words
+                a = call.hold(a.contiguous())
+            ptrs[j] = a.data_ptr()
+        else:
+            strides = cai.get("strides")
+            if strides is not None and not _contiguous(cai["shape"], strides, dt.itemsize):
+                raise ValueError(f"keys.{name}: strides {tuple(strides)}; device key arrays "
+                                 f"must be contiguous")
+            ptrs[j] = int(cai["data"][0])
+        fmt |= (word | (2 if n == 1 and batch != 1 else 0)) << (2 * j)
+    if host:
+        packed = np.empty((len(host), batch), dtype=np.uint64)
+        for i, j in enumerate(host):
+            a = fields[j]
+            packed[i] = a if a.ndim < 2 else a.reshape(-1)  # cast and broadcast by the
+            # assignment (one NumPy call per field; astype and broadcast_to are slower)
+        base = int(call(packed))
+        for i, j in enumerate(host):
+            ptrs[j] = base + 8 * batch * i
+            fmt |= 1 << (2 * j)  # 8-byte words, one per row
+    return ptrs, fmt
+
+
+def _prod(shape):
     n = 1
     for d in shape:
         n *= int(d)
     return n
 
 
-def _itemsize(a):
-    if _is_torch(a):
-        return a.element_size()
-    if hasattr(a, "itemsize"):
-        return int(a.itemsize)
-    return np.dtype(a.__cuda_array_interface__["typestr"]).itemsize
-
-
-_KSIZE = {8: 1, 4: 0}  # key word size -> its format bit
-
-
-def keys(call, seed, generation, round_, position, batch):
-    """Pointers and the format word of the four key arrays."""
-    tt = _TT
-    if (type(seed) is tt and type(generation) is tt and type(round_) is tt
-            and type(position) is tt):  # hot path: torch tensors, tested side by side
-        n0, n1, n2, n3 = seed.numel(), generation.numel(), round_.numel(), position.numel()
-        s0, s1, s2, s3 = (seed.element_size(), generation.element_size(),
-                          round_.element_size(), position.element_size())
-        if ((n0 == batch or n0 == 1) and (n1 == batch or n1 == 1) and (n2 == batch or n2 == 1)
-                and (n3 == batch or n3 == 1) and s0 in _KSIZE and s1 in _KSIZE
-                and s2 in _KSIZE and s3 in _KSIZE):
-            one = batch != 1
-            fmt = (_KSIZE[s0] | (2 if one and n0 == 1 else 0)
-                   | (_KSIZE[s1] | (2 if one and n1 == 1 else 0)) << 2
-                   | (_KSIZE[s2] | (2 if one and n2 == 1 else 0)) << 4
-                   | (_KSIZE[s3] | (2 if one and n3 == 1 else 0)) << 6)
-            return ([seed.data_ptr(), generation.data_ptr(), round_.data_ptr(),
-                     position.data_ptr()], fmt)
-    host = [isinstance(a, np.ndarray) for a in (seed, generation, round_, position)]
-    if all(host):
-        packed = np.empty((4, batch), dtype=np.uint64)
-        for j, a in enumerate((seed, generation, round_, position)):
-            packed[j] = a  # cast and broadcast by the assignment (one NumPy call per
-            # field; astype and broadcast_to are much slower)
-        base = call(packed)
-        ptrs = [np.uint64(int(base) + 8 * batch * j) for j in range(4)]
-        return ptrs, 0b01010101
-    ptrs, fmt = [], 0
-    for j, a in enumerate((seed, generation, round_, position)):
-        n = a.numel() if _is_torch(a) else _count(a)
-        if n not in (1, batch):  # the kernels read entry `row` (or 0 when broadcast)
-            raise ValueError(f"keys: {('seed', 'generation', 'round', 'position')[j]} has {n} "
-                             f"entries; expected 1 or the batch {batch}")
-        if _is_torch(a):  # hot path
-            size = a.element_size()
-            f = (1 if size == 8 else 0) | (2 if n == 1 and batch != 1 else 0)
-            if size in (4, 8):
-                fmt |= f << (2 * j)
-                ptrs.append(np.uint64(a.data_ptr()))
-                continue
-        size = _itemsize(a)
-        if size not in (4, 8):
-            raise TypeError(f"keys: device key arrays need 4- or 8-byte integers, got {size} bytes")
-        f = (1 if size == 8 else 0) | (2 if n == 1 and batch != 1 else 0)
-        fmt |= f << (2 * j)
-        ptrs.append(call(a))
-    return ptrs, fmt
+def _contiguous(shape, strides, itemsize):
+    """An array of ``shape`` and ``strides`` (bytes) is C-contiguous (a dimension of
+    size 1 may have any stride)."""
+    step = itemsize
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d != 1 and s != step:
+            return False
+        step *= int(d)
+    return True
 
 
 def x_code(x):

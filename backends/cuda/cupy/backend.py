@@ -10,7 +10,9 @@ have 4- or 8-byte integer words and length B or 1.
 The kernels check every id they address memory with (draft ids, sparse q ids, a sparse
 draw row) and fail that row closed with its status (dyadic._device's docstring gives
 the order); args.verify_shapes refuses the shapes they would index beyond, args.keys
-key arrays of a length other than 1 or B.
+(the one check of key arrays on this path: dyadic._device passes CUDA key tensors as
+they are) key arrays of a length other than 1 or B or of words other than 4- or 8-byte
+integers.
 """
 
 from ...._backend import Backend
