@@ -283,6 +283,32 @@ def test_real_vocabulary_bf16(cuda, params, qkind):
         assert int(_np(want.accepted).sum()) > 0
 
 
+@pytest.mark.parametrize("v", [3000, V_REAL])
+def test_bf16_logits_spanning_many_binades(cuda, v):
+    """bfloat16 rows whose magnitudes span 2**-24 .. 2**6 (every binade holds tokens),
+    rows of negative logits only (log-probabilities), zeros and -inf among them, at
+    temperatures 0.3 / 1 / 2.5 with top-k, top-p and min-p mixed per request: cuda
+    equals cpu bit for bit, for dense and sparse q."""
+    torch = cuda
+    rng = np.random.default_rng(29 + v % 7)
+    b, k = 6, 3
+    mag = np.exp2(rng.uniform(-24, 6, (b, k + 1, v)))
+    x = np.where(rng.random((b, k + 1, v)) < 0.5, -mag, mag)
+    x[1] = -mag[1]  # log-probability rows
+    x[2][rng.random((k + 1, v)) < 0.05] = 0.0
+    x[3][rng.random((k + 1, v)) < 0.2] = -np.inf
+    x = x.astype(np.float32)
+    params = {"temperature": np.array([0.3, 1.0, 2.5, 1.0, 0.3, 2.5]),
+              "top_k": np.array([0, 5, 0, 300, 0, 40], dtype=np.int64),
+              "top_p": np.array([1.0, 1.0, 0.9, 0.5, 0.99, 1.0], dtype=np.float32),
+              "min_p": np.array([0.0, 0.0, 0.0, 0.01, 0.2, 0.0], dtype=np.float32)}
+    for qkind, check in (("dense", False), ("sparse", "lazy")):
+        q, draft = _q_draft(rng, x, k, qkind)
+        _, want = _both(torch, x, "bfloat16", draft, q, _keys(rng, b), params, check,
+                        on_device={"params", "keys"})
+        assert not _np(want.status).any()
+
+
 def _tied_at_boundary(row, top_p):
     """How many tokens share the value at which a row's top-p prefix ends (T = 1; from
     float64 weights: the test's premise, not the rule)."""

@@ -346,6 +346,8 @@ class LogitsVerify:
         tile, rt = routes.logits_tiles(v, batch, k1, nsm)
         nt, nrt = -(-v // tile), -(-v // rt)
         nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
+        # the rows' value tables (LG_TABW = 4608 words a row), bfloat16 logits only
+        vtab = 8 * 4608 * rows if int(x_code) == 2 else 8
         bufs = (runtime.scratch("lg_part_key", 8 * rows * nt),
                 runtime.scratch("lg_part_id", 4 * rows * nt),
                 runtime.scratch("lg_part_bad", 4 * rows * nt),
@@ -354,9 +356,9 @@ class LogitsVerify:
                 runtime.scratch("lg_cand_key", 8 * rows * cap),
                 runtime.scratch("lg_cand_id", 4 * rows * cap), runtime.scratch("lg_cand_n", 4 * rows),
                 runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
-                runtime.scratch("lg_rcnt", 4 * batch))
+                runtime.scratch("lg_rcnt", 4 * batch), runtime.scratch("lg_vtab", vtab))
         (pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, res_row, rpart,
-         rcnt) = _ptrs(bufs)
+         rcnt, tab) = _ptrs(bufs)
         head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
                                                                  "g", "nd")),
                 I32[batch], I32[k], I32[v])
@@ -366,17 +368,17 @@ class LogitsVerify:
         names = self.NAMES
         self.steps = (
             _Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
-                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn), names, bufs),
+                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),
             _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass), names),
+                rec, cnt, hcnt, hmass, tab), names),
             _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, ckey, cid, cn), names),
+                rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names),
             _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, ckey, cid, cn), names),
+                rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names),
             _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
-                rec, res_row, *_VOUT), names),
+                rec, tab, res_row, *_VOUT), names),
             _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
-                I32[nrt], np.int32(rt)) + q_in + (rec, res_row, rpart, rcnt, *_VOUT), names))
+                I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT), names))
 
     def launch(self, values):
         for step in self.steps:

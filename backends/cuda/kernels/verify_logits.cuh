@@ -6,16 +6,18 @@
  * lives in scratch that each call rewrites before reading):
  *
  *  logits_max       grid (tiles, rows): per tile the largest logit (integer order key
- *                   of its float32 value, ties: lowest id) and the NaN / +inf flag; the
- *                   row's last block divides that logit once (z is monotone in x, so
- *                   zmax = z(xmax)), sets the row's record (status, zmax, argmax,
- *                   min-p threshold) and zeroes its histogram.
+ *                   of its float32 value, ties: lowest id), the largest magnitude and
+ *                   the NaN / +inf flag; the row's last block divides that logit once
+ *                   (z is monotone in x, so zmax = z(xmax)), sets the row's record
+ *                   (status, zmax, argmax, min-p threshold), zeroes its histogram and,
+ *                   for bfloat16 logits, fills the row's value table (below).
  *  logits_hist      grid (tiles, rows): the weight W_v of every token (the fixed-point
  *                   exponential of allocate) and, over the survivors of min-p with
  *                   W_v > 0, a histogram of counts and masses by gap bucket
  *                   floor(64 * (zmax - z_v)) (monotone in the ranking: z descending);
  *                   the last block finds the bucket where top-k's count or top-p's mass
- *                   is reached.
+ *                   is reached.  Tokens with a value in the row's table are counted per
+ *                   value and enter the histogram as count x W once per value.
  *  logits_resolve   (launched twice) grid (tiles, rows): the survivors in that bucket
  *                   are gathered; the last block sorts them by (z desc, id asc) and
  *                   takes the exact cut; a top-p cut after a top-k cut may need the
@@ -27,6 +29,14 @@
  *  logits_residual  grid (tiles, B): the residual (or bonus) row's tile sums; the
  *                   request's last block draws the tile, then the token in it.
  *
+ * Value table (bfloat16 logits): everything a pass needs of a token (W after min-p,
+ * the gap bucket, the order key of z) is a function of its 16-bit value alone, given
+ * the row's temperature, zmax and min-p.  logits_max computes it once per row for the
+ * LG_TE values of the eight binades at and below the row's largest magnitude (both
+ * signs, all 128 mantissas); a token whose value lies there reads it (lg_slot), any
+ * other token (a magnitude below 2**-7 of the largest, a zero, -inf) computes it.
+ * Both give the same bits: the table holds the same functions of the same value.
+ *
  * Tokens with W_v = 0 have P_v = 0 whatever the filters decide, and they rank after
  * every token with W_v > 0 (W is monotone in z): the filters are decided over the
  * tokens with W_v > 0 only.  The kept set is then a prefix of the ranking, held as two
@@ -37,10 +47,13 @@
 #define LG_CAP 2048  /* tokens of one bucket resolved in shared memory (= LG_NB: the
                         arrays serve both) */
 #define LG_REC 16    /* u64 words of a row record */
+#define LG_TE 2048   /* value-table entries: 2 signs x 8 binades x 128 mantissas */
+#define LG_TABW (LG_TE * 18 / 8)  /* u64 words of a row's table: W, key (u64), bucket (u16) */
+#define LG_NOWIN 256u  /* LG_WIN of a row without a table (no binade matches it) */
 static_assert((int)(DY_EXP_CUTOFF * 64.0) == LG_NB, "one gap bucket per 1/64 below the cutoff");
 
 enum { LG_ST = 0, LG_MAXKEY, LG_ARG, LG_KKEY, LG_KID, LG_PKEY, LG_PID, LG_T, LG_S, LG_MPW,
-       LG_STAGE, LG_BUCKET, LG_NEED, LG_BASE };
+       LG_STAGE, LG_BUCKET, LG_NEED, LG_BASE, LG_WIN };
 enum { LG_DONE = 0, LG_RES_K = 1, LG_RES_P = 2 };
 
 /* One request's parameters: n its depth (vr_depth), code the first failing rule
@@ -59,13 +72,71 @@ DC_FN LgReq lg_req(const double* temp, const i64* topk, const u32* topp, const u
 }
 
 /* A target row: logits x (dtype code dt) from offset off; z = x / temperature
- * (dy_effective_logit; greedy rows rank the logits themselves). */
-struct LgRow { const void* x; int dt; i64 off; double temp; int greedy; };
+ * (dy_effective_logit; greedy rows rank the logits themselves); its value table tab
+ * over the binades from e0 (LG_NOWIN: none). */
+struct LgRow { const void* x; int dt; i64 off; double temp; int greedy; const u64* tab; u32 e0; };
 
-DC_FN double lg_z(const LgRow& r, int v) {
-  const double z = dc_f2d(load_f(r.x, r.dt, r.off + v));
+/* The float32 bits of token v's logit. */
+DC_FN u32 lg_bits(const LgRow& r, int v) { return __float_as_uint(load_f(r.x, r.dt, r.off + v)); }
+
+DC_FN double lg_z_of(const LgRow& r, u32 xb) {
+  const double z = dc_f2d(__uint_as_float(xb));
   return (r.greedy || r.temp == 1.0) ? z : z / r.temp;
 }
+
+DC_FN double lg_z(const LgRow& r, int v) { return lg_z_of(r, lg_bits(r, v)); }
+
+/* The float32 bits of a float16 value (exact). */
+DC_FN u32 lg_half_bits(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return __float_as_uint(f);
+}
+
+/* f(v, float32 bits of x_v) for every token v of [lo, hi) of a row, each thread its
+ * tokens in ascending id; a 16-byte aligned bfloat16 or float16 tile is read 8 tokens
+ * per load (the rest one by one). */
+template <class F>
+DC_FN void lg_tile(const LgRow& r, int lo, int hi, F f) {
+  int v0 = lo;
+  if (r.dt != 0) {
+    const u16* p = (const u16*)r.x + r.off;
+    if ((((size_t)(p + lo)) & 15) == 0) {
+      const int n8 = (hi - lo) >> 3;
+      const uint4* p4 = (const uint4*)(p + lo);
+      for (int j = threadIdx.x; j < n8; j += blockDim.x) {
+        const uint4 w = __ldcs(&p4[j]);
+        const int v = lo + 8 * j;
+        const u32 h[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (r.dt == 2) {
+            f(v + 2 * e, h[e] << 16);
+            f(v + 2 * e + 1, h[e] & 0xFFFF0000u);
+          } else {
+            f(v + 2 * e, lg_half_bits((u16)(h[e] & 0xFFFFu)));
+            f(v + 2 * e + 1, lg_half_bits((u16)(h[e] >> 16)));
+          }
+        }
+      }
+      v0 = lo + 8 * n8;
+    }
+  }
+  for (int v = v0 + threadIdx.x; v < hi; v += blockDim.x) f(v, lg_bits(r, v));
+}
+
+/* The table entry of a bfloat16 value (as float32 bits) whose binade is one of the
+ * eight from e0, or -1: sign, binade - e0, the 7 mantissa bits. */
+DC_FN int lg_slot(u32 xb, u32 e0) {
+  const u32 d = ((xb >> 23) & 0xFFu) - e0;
+  return d < 8u ? (int)(((xb >> 21) & 0x400u) | (d << 7) | ((xb >> 16) & 0x7Fu)) : -1;
+}
+
+/* The table's three columns: W of a min-p survivor (else 0), the order key of z, the
+ * gap bucket of a survivor (else LG_NB). */
+DC_FN const u64* lg_tab_w(const u64* t) { return t; }
+DC_FN const u64* lg_tab_key(const u64* t) { return t + LG_TE; }
+DC_FN const u16* lg_tab_bucket(const u64* t) { return (const u16*)(t + 2 * LG_TE); }
 
 /* The order key of a float32 value given as bits (-0 counts as +0): keys compare as
  * the values do, with no float arithmetic (CuPy compiles with -ftz). */
@@ -110,13 +181,17 @@ DC_FN LgTab lg_load_table(uint64_t (*tab)[256]) {
   return (LgTab)tab;
 }
 
-DC_FN LgEl lg_el(const LgRow& r, double zmax, int v, LgTab tab = LG_GTAB) {
-  const double z = lg_z(r, v), gap = zmax - z;
+DC_FN LgEl lg_el_of(const LgRow& r, double zmax, u32 xb, LgTab tab = LG_GTAB) {
+  const double z = lg_z_of(r, xb), gap = zmax - z;
   LgEl e;
   e.key = dy_order_key(z);
   e.w = dy_weight_from_gap_tab(gap, tab);
   e.bucket = e.w ? (int)(gap * 64.0) : LG_NB;
   return e;
+}
+
+DC_FN LgEl lg_el(const LgRow& r, double zmax, int v, LgTab tab = LG_GTAB) {
+  return lg_el_of(r, zmax, lg_bits(r, v), tab);
 }
 
 /* A survivor of min-p with W > 0 (W * 2**24 >= mp * 2**39). */
@@ -125,7 +200,15 @@ DC_FN bool lg_surv(u64 w, u64 mpw) { return w && (w << DY_TOTAL_BITS) >= mpw; }
 /* P_v of the processed target (0 off the kept set); the weight is computed only for
  * a token before both cuts. */
 DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v, LgTab tab = LG_GTAB) {
-  const double z = lg_z(r, v);
+  const u32 xb = lg_bits(r, v);
+  const int s = lg_slot(xb, r.e0);
+  if (s >= 0) {
+    const u64 w = lg_tab_w(r.tab)[s];
+    if (!w) return 0;
+    const u64 key = lg_tab_key(r.tab)[s];
+    return lg_before(key, v, c.kkey, c.kid) && lg_before(key, v, c.pkey, c.pid) ? w << c.s : 0;
+  }
+  const double z = lg_z_of(r, xb);
   const u64 key = dy_order_key(z);
   if (!lg_before(key, v, c.kkey, c.kid) || !lg_before(key, v, c.pkey, c.pid)) return 0;
   const u64 w = dy_weight_from_gap_tab(c.zmax - z, tab);
@@ -209,41 +292,51 @@ DC_FN u64 lg_top_p_need(u32 topp, u64 ts) {
   return dy_shr128(dy_add128(dy_mul64(u, ts), dy_from64(DY_TOTAL - 1u)), DY_TOTAL_BITS).lo;
 }
 
+/* Two (flag bit 31, largest magnitude bits 0-30) words of logits_max merged. */
+DC_FN u32 lg_merge_bad(u32 a, u32 b) {
+  return ((a | b) & 0x80000000u) | max(a & 0x7FFFFFFFu, b & 0x7FFFFFFFu);
+}
+
 extern "C" __global__ void __launch_bounds__(256) logits_max(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
     int tile, u64* part_key, u32* part_id, u32* part_bad, u64* rec, u32* cnt, u32* hcnt,
-    u64* hmass, u32* cand_n) {
+    u64* hmass, u32* cand_n, u64* tab) {
   __shared__ int is_last;
   __shared__ u64 wk[8];
   __shared__ u32 wi[8], wb[8];
+  __shared__ u32 s_e0;
+  __shared__ double s_zmax;
   const int t = blockIdx.x, r = dc_grid_row();
   if (r >= B * (k + 1)) return;
   const int b = r / (k + 1), i = r - b * (k + 1);
   const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
   if (q.code || i > q.n) return;  /* block-uniform: the row is not read */
-  const LgRow row = {x, dt, (i64)r * V, q.temp, q.greedy};
+  const LgRow row = {x, dt, (i64)r * V, q.temp, q.greedy, 0, LG_NOWIN};
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  /* bad: bit 31 the NaN / +inf flag, bits 0-30 the largest magnitude (bits of |x|)
+   * over the other logits but -inf */
   u64 best = 0; u32 arg = 0xFFFFFFFFu, bad = 0;
   const int lo = t * tile, hi = min(V, lo + tile);
-  for (int v = lo + tid; v < hi; v += 256) {
-    const u32 xb = __float_as_uint(load_f(row.x, row.dt, row.off + v));
-    if ((xb & 0x7FFFFFFFu) >= 0x7F800000u && xb != 0xFF800000u) { bad = 1; continue; }  /* NaN, +inf */
+  lg_tile(row, lo, hi, [&](int v, u32 xb) {
+    const u32 mag = xb & 0x7FFFFFFFu;
+    if (mag >= 0x7F800000u && xb != 0xFF800000u) { bad = 0x80000000u; return; }  /* NaN, +inf */
+    if (mag < 0x7F800000u) bad = lg_merge_bad(bad, mag);
     const u64 key = lg_xkey(xb);
     if (key > best) { best = key; arg = (u32)v; }  /* ids ascending per thread */
-  }
+  });
   for (int o = 16; o; o >>= 1) {
     const u64 ob = __shfl_xor_sync(0xffffffffu, best, o);
     const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
     if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
   }
-  bad = __any_sync(0xffffffffu, bad != 0);
+  bad = __reduce_or_sync(0xffffffffu, bad & 0x80000000u) | __reduce_max_sync(0xffffffffu, bad & 0x7FFFFFFFu);
   if (lane == 0) { wk[wid] = best; wi[wid] = arg; wb[wid] = bad; }
   __syncthreads();
   if (tid == 0) {
     for (int w = 1; w < 8; ++w) {
       if (wk[w] > best || (wk[w] == best && wi[w] < arg)) { best = wk[w]; arg = wi[w]; }
-      bad |= wb[w];
+      bad = lg_merge_bad(bad, wb[w]);
     }
     part_key[(i64)r * nt + t] = best; part_id[(i64)r * nt + t] = arg;
     part_bad[(i64)r * nt + t] = bad;
@@ -257,16 +350,18 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
       const u64 kk = __ldcg(&part_key[(i64)r * nt + s]);
       const u32 a = __ldcg(&part_id[(i64)r * nt + s]);
       if (kk > best || (kk == best && a < arg)) { best = kk; arg = a; }
-      bad |= __ldcg(&part_bad[(i64)r * nt + s]);
+      bad = lg_merge_bad(bad, __ldcg(&part_bad[(i64)r * nt + s]));
     }
     for (int o = 16; o; o >>= 1) {
       const u64 ob = __shfl_xor_sync(0xffffffffu, best, o);
       const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
       if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
     }
-    bad = __any_sync(0xffffffffu, bad != 0);
+    bad = __reduce_or_sync(0xffffffffu, bad & 0x80000000u) | __reduce_max_sync(0xffffffffu, bad & 0x7FFFFFFFu);
   }
   if (tid == 0) {
+    const u32 amax = bad & 0x7FFFFFFFu;
+    bad >>= 31;
     u64* rc = rec + (i64)r * LG_REC;
     /* zmax = z(xmax): division by T > 0 is monotone, so the largest z is the largest
      * x divided once (+inf when it overflows: TARGET_INVALID_VALUE, as a z of +inf) */
@@ -281,6 +376,29 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     rc[LG_MPW] = dy_f32_ceil24(q.minp) << DY_WEIGHT_BITS;
     rc[LG_STAGE] = LG_DONE; rc[LG_T] = 1; rc[LG_S] = 0;
     cand_n[r] = 0;
+    /* the value table of a sampled bfloat16 row: the eight binades at and below the
+     * largest magnitude's (binades 1..254: never zero, subnormal, inf or NaN) */
+    const int top = (int)(amax >> 23);
+    const u32 e0 = (dt == 2 && !q.greedy && rc[LG_ST] == DY_ST_OK && top >= 1)
+                   ? (u32)max(1, top - 7) : LG_NOWIN;
+    rc[LG_WIN] = e0;
+    s_e0 = e0; s_zmax = zmax;
+  }
+  __syncthreads();
+  const u32 e0 = s_e0;
+  if (e0 == LG_NOWIN) return;
+  const double zmax = s_zmax;
+  const u64 mpw = dy_f32_ceil24(q.minp) << DY_WEIGHT_BITS;
+  u64* tr = tab + (i64)r * LG_TABW;
+  u16* tbk = (u16*)(tr + 2 * LG_TE);
+  for (int j = tid; j < LG_TE; j += 256) {
+    const u32 xb = ((u32)(j >> 10) << 31) | ((e0 + (u32)((j >> 7) & 7)) << 23)
+                   | ((u32)(j & 0x7F) << 16);
+    const LgEl e = lg_el_of(row, zmax, xb);
+    const bool surv = lg_surv(e.w, mpw);
+    tr[j] = surv ? e.w : 0;
+    tr[LG_TE + j] = e.key;
+    tbk[j] = (u16)(surv ? e.bucket : LG_NB);
   }
 }
 
@@ -309,33 +427,52 @@ DC_FN void lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mas
 extern "C" __global__ void __launch_bounds__(256) logits_hist(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
-    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass) {
+    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab) {
   __shared__ DcShared sh;
   __shared__ int is_last;
   __shared__ u32 sc[LG_NB];
   __shared__ u64 sm[LG_NB];
+  __shared__ u32 ec[LG_TE];  /* tokens per table value */
   __shared__ uint64_t stab[4][256];
   __shared__ LgFound fd;
   const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
   LgReq q;
   if (!lg_row_active(temp, topk, topp, minp, g, nd, B, k, r, rec, &q)) return;
   u64* rc = rec + (i64)r * LG_REC;
-  const LgRow row = {x, dt, (i64)r * V, q.temp, 0};
+  const LgRow row = {x, dt, (i64)r * V, q.temp, 0, vtab + (i64)r * LG_TABW, (u32)rc[LG_WIN]};
   const double zmax = dy_key_value(rc[LG_MAXKEY]);
   const u64 mpw = rc[LG_MPW];
+  const bool table = row.e0 != LG_NOWIN;
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
+  if (table) for (int j = tid; j < LG_TE; j += 256) ec[j] = 0;
   const LgTab tab = lg_load_table(stab);
   const int lo = t * tile, hi = min(V, lo + tile);
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
   const bool counts = q.topk > 0;
-  for (int v = lo + tid; v < hi; v += 256) {
-    const LgEl e = lg_el(row, zmax, v, tab);
+  lg_tile(row, lo, hi, [&](int, u32 xb) {
+    const int s = lg_slot(xb, row.e0);
+    if (s >= 0) { atomicAdd(&ec[s], 1u); return; }
+    const LgEl e = lg_el_of(row, zmax, xb, tab);
     if (lg_surv(e.w, mpw)) {
       if (counts) atomicAdd(&sc[e.bucket], 1u);
       atomicAdd(&sm[e.bucket], e.w);
     }
-  }
+  });
   __syncthreads();
+  if (table) {  /* each value present: count x W into its bucket */
+    const u64* tw = lg_tab_w(row.tab);
+    const u16* tbk = lg_tab_bucket(row.tab);
+    for (int j = tid; j < LG_TE; j += 256) {
+      const u32 c = ec[j];
+      if (!c) continue;
+      const u64 w = __ldg(&tw[j]);
+      if (!w) continue;
+      const int bk = __ldg(&tbk[j]);
+      if (counts) atomicAdd(&sc[bk], c);
+      atomicAdd(&sm[bk], (u64)c * w);
+    }
+    __syncthreads();
+  }
   u32* gc = hcnt + (i64)r * LG_NB;
   u64* gm = hmass + (i64)r * LG_NB;
   for (int j = tid; j < LG_NB; j += 256)  /* a survivor has W > 0: mass 0 iff none */
@@ -457,7 +594,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
     int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, u64* cand_key, u32* cand_id,
-    u32* cand_n) {
+    u32* cand_n, const u64* vtab) {
   __shared__ DcShared sh;
   __shared__ int is_last;
   __shared__ u64 s64[LG_CAP];
@@ -470,23 +607,32 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
   u64* rc = rec + (i64)r * LG_REC;
   const int stage = (int)rc[LG_STAGE];
   if (stage == LG_DONE) return;
-  const LgRow row = {x, dt, (i64)r * V, q.temp, 0};
+  const LgRow row = {x, dt, (i64)r * V, q.temp, 0, vtab + (i64)r * LG_TABW, (u32)rc[LG_WIN]};
   LgCut c = lg_cut_of(rc);
   const int bucket = (int)rc[LG_BUCKET];
   const bool by_mass = stage == LG_RES_P;
+  const u64* tkey = lg_tab_key(row.tab);
+  const u16* tbk = lg_tab_bucket(row.tab);
   /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
   const int lo = t * tile, hi = min(V, lo + tile);
-  for (int v = lo + tid; v < hi; v += 256) {
-    /* the bucket from the gap alone (W > 0 needs a gap below 32); the weight, for
-     * min-p, only inside it */
-    const double z = lg_z(row, v), gap = c.zmax - z;
-    if (!(gap < DY_EXP_CUTOFF) || (int)(gap * 64.0) != bucket) continue;
-    const u64 key = dy_order_key(z);
-    if (!lg_surv(dy_weight_from_gap(gap), c.mpw)) continue;
-    if (by_mass && !lg_before(key, v, c.kkey, c.kid)) continue;
+  lg_tile(row, lo, hi, [&](int v, u32 xb) {
+    const int s = lg_slot(xb, row.e0);
+    u64 key;
+    if (s >= 0) {  /* a survivor in the bucket, from the table */
+      if (__ldg(&tbk[s]) != bucket) return;
+      key = __ldg(&tkey[s]);
+    } else {
+      /* the bucket from the gap alone (W > 0 needs a gap below 32); the weight, for
+       * min-p, only inside it */
+      const double z = lg_z_of(row, xb), gap = c.zmax - z;
+      if (!(gap < DY_EXP_CUTOFF) || (int)(gap * 64.0) != bucket) return;
+      key = dy_order_key(z);
+      if (!lg_surv(dy_weight_from_gap(gap), c.mpw)) return;
+    }
+    if (by_mass && !lg_before(key, v, c.kkey, c.kid)) return;
     const u32 slot = atomicAdd(&cand_n[r], 1u);
     if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
-  }
+  });
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
   const u32 n = __ldcg(&cand_n[r]);
   const u64 need = rc[LG_NEED], base = rc[LG_BASE];
@@ -549,8 +695,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,
     const int* draft, const u32* qc, const int* qi, int W, const void* kseed, const void* kgen,
-    const void* krnd, const void* kpos, int kfmt, const u64* rec, int* res_row,
-    int* accepted, int* tokens, int* status) {
+    const void* krnd, const void* kpos, int kfmt, const u64* rec, const u64* vtab,
+    int* res_row, int* accepted, int* tokens, int* status) {
   __shared__ u32 cq[64], idbits[8];
   const int b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   if (b >= B) return;
@@ -589,7 +735,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
     int ok;
     if (q.greedy) ok = d == (int)rc[LG_ARG];
     else {
-      const LgRow row = {x, dt, ((i64)b * (k + 1) + i) * V, q.temp, 0};
+      const i64 r = (i64)b * (k + 1) + i;
+      const LgRow row = {x, dt, r * V, q.temp, 0, vtab + r * LG_TABW, (u32)rc[LG_WIN]};
       code = dy_accept(lg_p(row, lg_cut_of(rc), d), rc[LG_T], cq[i], key.seed, key.gen,
                        key.rnd, key.pos + i, &ok);
       if (code) break;
@@ -630,7 +777,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nrt,
     int rt, const int* draft, const u32* qc, const int* qi, int W, const void* kseed,
     const void* kgen, const void* krnd, const void* kpos, int kfmt, const u64* rec,
-    const int* res_row, u64* rpart, u32* rcnt, int* accepted, int* tokens, int* status) {
+    const u64* vtab, const int* res_row, u64* rpart, u32* rcnt, int* accepted, int* tokens,
+    int* status) {
   __shared__ DcShared sh;
   __shared__ int is_last, snv, stile, sok;
   __shared__ dy_u128 sx;
@@ -643,7 +791,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   const u64* rc = rec + ((i64)b * (k + 1) + i) * LG_REC;
   LgRes r;
   r.row.x = x; r.row.dt = dt; r.row.off = ((i64)b * (k + 1) + i) * V; r.row.temp = q.temp;
-  r.row.greedy = 0;
+  r.row.greedy = 0; r.row.tab = vtab + ((i64)b * (k + 1) + i) * LG_TABW;
+  r.row.e0 = (u32)rc[LG_WIN];
   r.c = lg_cut_of(rc); r.T = rc[LG_T]; r.tab = lg_load_table(stab);
   r.bonus = i == k || i == q.n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
   if (!r.bonus) {
