@@ -45,6 +45,16 @@ DC_FN float load_f(const void* p, int dt, i64 i) {
   return __uint_as_float(((u32)((const u16*)p)[i]) << 16);
 }
 
+/* The order key of a float32 value given as bits (-0 counts as +0): keys compare as
+ * the values do, with no float arithmetic (CuPy compiles with -ftz). */
+DC_FN u32 dc_fkey(u32 b) {
+  if (b == 0x80000000u) b = 0u;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* The float32 bits whose dc_fkey is k (-0.0 comes back as +0.0: the same key). */
+DC_FN u32 dc_fkey_bits(u32 k) { return (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k; }
+
 /* float -> double by integer bit manipulation (exact, subnormals kept).  CuPy
  * appends -ftz=true to every NVRTC compile (cupy/cupy#9576), so cvt.f64.f32
  * and f32 compares would flush subnormal floats to zero: no f32 arithmetic,

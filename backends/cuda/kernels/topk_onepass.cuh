@@ -65,11 +65,7 @@ struct PkShared {
 };
 
 /* float order key of a float (-0.0 == +0.0); monotone in the float's value */
-DC_FN u32 pk_fkey(float f) {
-  u32 u = __float_as_uint(f);
-  if (u == 0x80000000u) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+DC_FN u32 pk_fkey(float f) { return dc_fkey(__float_as_uint(f)); }
 
 /* The row's RNG key fields (do_draw; warp 0 only: the tail's warp), issued
  * before the last block's merge so that the loads overlap it. */
@@ -81,7 +77,7 @@ DC_FN DcKey pk_key(int do_draw, const void* kseed, const void* kgen, const void*
 }
 
 /* The float whose pk_fkey is k (-0.0 comes back as +0.0: the same exact key). */
-DC_FN float pk_fval(u32 k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
+DC_FN float pk_fval(u32 k) { return __uint_as_float(dc_fkey_bits(k)); }
 
 /* L1 prefetch of the exponential table (4 x 256 u64, 64 lines of 128 B) that
  * the tail's weights read, issued as the last block starts so its latency

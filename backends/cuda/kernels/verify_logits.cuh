@@ -138,17 +138,8 @@ DC_FN const u64* lg_tab_w(const u64* t) { return t; }
 DC_FN const u64* lg_tab_key(const u64* t) { return t + LG_TE; }
 DC_FN const u16* lg_tab_bucket(const u64* t) { return (const u16*)(t + 2 * LG_TE); }
 
-/* The order key of a float32 value given as bits (-0 counts as +0): keys compare as
- * the values do, with no float arithmetic (CuPy compiles with -ftz). */
-DC_FN u64 lg_xkey(u32 b) {
-  if (b == 0x80000000u) b = 0u;
-  return (b >> 31) ? (u64)(~b) : (u64)(b | 0x80000000u);
-}
-
-/* The value of an lg_xkey key, as a double (exact). */
-DC_FN double lg_key_x(u32 k) {
-  return dc_f2d(__uint_as_float((k >> 31) ? (k & 0x7FFFFFFFu) : ~k));
-}
+/* The value of a dc_fkey key, as a double (exact). */
+DC_FN double lg_key_x(u32 k) { return dc_f2d(__uint_as_float(dc_fkey_bits(k))); }
 
 /* The decided state of a row: zmax, the min-p threshold, the two cuts, the scaling. */
 struct LgCut { double zmax; u64 mpw, kkey, pkey; i64 kid, pid; int s; };
@@ -322,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     const u32 mag = xb & 0x7FFFFFFFu;
     if (mag >= 0x7F800000u && xb != 0xFF800000u) { bad = 0x80000000u; return; }  /* NaN, +inf */
     if (mag < 0x7F800000u) bad = lg_merge_bad(bad, mag);
-    const u64 key = lg_xkey(xb);
+    const u64 key = dc_fkey(xb);
     if (key > best) { best = key; arg = (u32)v; }  /* ids ascending per thread */
   });
   for (int o = 16; o; o >>= 1) {
