@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from . import runtime
+from ...._backend import KEY_FIELDS
 
 MAX_K_VERIFY = 63  # the verify kernels' largest draft depth
 
@@ -127,9 +128,6 @@ class Call:
         if self.back:
             for d, a in self.back:
                 a[...] = d.get()
-
-
-KEY_FIELDS = ("seed", "generation", "round", "position")
 
 
 def keys(call, seed, generation, round_, position, batch):

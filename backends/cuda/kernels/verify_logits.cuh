@@ -84,8 +84,6 @@ DC_FN double lg_z_of(const LgRow& r, u32 xb) {
   return (r.greedy || r.temp == 1.0) ? z : z / r.temp;
 }
 
-DC_FN double lg_z(const LgRow& r, int v) { return lg_z_of(r, lg_bits(r, v)); }
-
 /* The float32 bits of a float16 value (exact). */
 DC_FN u32 lg_half_bits(u16 h) {
   float f;
@@ -133,9 +131,10 @@ DC_FN int lg_slot(u32 xb, u32 e0) {
 }
 
 /* The table's three columns: W of a min-p survivor (else 0), the order key of z, the
- * gap bucket of a survivor (else LG_NB). */
-DC_FN const u64* lg_tab_w(const u64* t) { return t; }
-DC_FN const u64* lg_tab_key(const u64* t) { return t + LG_TE; }
+ * gap bucket of a survivor (else LG_NB); T is u64 (the writer) or const u64. */
+template <class T> DC_FN T* lg_tab_w(T* t) { return t; }
+template <class T> DC_FN T* lg_tab_key(T* t) { return t + LG_TE; }
+DC_FN u16* lg_tab_bucket(u64* t) { return (u16*)(t + 2 * LG_TE); }
 DC_FN const u16* lg_tab_bucket(const u64* t) { return (const u16*)(t + 2 * LG_TE); }
 
 /* The value of a dc_fkey key, as a double (exact). */
@@ -350,6 +349,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     }
     bad = __reduce_or_sync(0xffffffffu, bad & 0x80000000u) | __reduce_max_sync(0xffffffffu, bad & 0x7FFFFFFFu);
   }
+  const u64 mpw = dy_f32_ceil24(q.minp) << DY_WEIGHT_BITS;  /* the min-p threshold */
   if (tid == 0) {
     const u32 amax = bad & 0x7FFFFFFFu;
     bad >>= 31;
@@ -364,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
                     : (best <= DC_KEY_NEG_INF ? DY_ST_TARGET_ZERO_MASS : DY_ST_OK);
     rc[LG_MAXKEY] = best; rc[LG_ARG] = arg;
     rc[LG_KKEY] = 0; rc[LG_KID] = (u64)(i64)-1; rc[LG_PKEY] = 0; rc[LG_PID] = (u64)(i64)-1;
-    rc[LG_MPW] = dy_f32_ceil24(q.minp) << DY_WEIGHT_BITS;
+    rc[LG_MPW] = mpw;
     rc[LG_STAGE] = LG_DONE; rc[LG_T] = 1; rc[LG_S] = 0;
     cand_n[r] = 0;
     /* the value table of a sampled bfloat16 row: the eight binades at and below the
@@ -379,16 +379,17 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   const u32 e0 = s_e0;
   if (e0 == LG_NOWIN) return;
   const double zmax = s_zmax;
-  const u64 mpw = dy_f32_ceil24(q.minp) << DY_WEIGHT_BITS;
   u64* tr = tab + (i64)r * LG_TABW;
-  u16* tbk = (u16*)(tr + 2 * LG_TE);
+  u64* tw = lg_tab_w(tr);
+  u64* tkey = lg_tab_key(tr);
+  u16* tbk = lg_tab_bucket(tr);
   for (int j = tid; j < LG_TE; j += 256) {
     const u32 xb = ((u32)(j >> 10) << 31) | ((e0 + (u32)((j >> 7) & 7)) << 23)
                    | ((u32)(j & 0x7F) << 16);
     const LgEl e = lg_el_of(row, zmax, xb);
     const bool surv = lg_surv(e.w, mpw);
-    tr[j] = surv ? e.w : 0;
-    tr[LG_TE + j] = e.key;
+    tw[j] = surv ? e.w : 0;
+    tkey[j] = e.key;
     tbk[j] = (u16)(surv ? e.bucket : LG_NB);
   }
 }
