@@ -158,7 +158,8 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     """
     if check is not True and check is not False:
         check = _validate.check_mode(check)
-    filtered = _filtered(top_k, top_p, min_p)
+    filtered = (top_p is not None or min_p is not None
+                or (top_k is not None and type(top_k) is not int and _per_row(top_k)))
     if _on_device(backend, x):  # GPU path (dyadic/_device.py)
         if filtered:
             _no_device_logits("allocate with top_p, min_p or a per-row top_k")
@@ -197,11 +198,11 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
     return _dyadic(counts_r, ids_r, batch_shape, v, policy, out)
 
 
-def _filtered(top_k, top_p, min_p):
-    """Whether an allocate / propose call takes the filtered route (top_p, min_p or a
-    per-row top_k array given)."""
-    return (top_p is not None or min_p is not None
-            or isinstance(top_k, (np.ndarray, list, tuple)) or _arrays.is_torch(top_k))
+def _per_row(top_k):
+    """Whether ``top_k`` is a per-row array (NumPy array, list, tuple, torch tensor).
+    allocate / propose take the filtered route for one, or for top_p / min_p given; they
+    test those and a Python int / None top_k inline before calling this."""
+    return isinstance(top_k, (np.ndarray, list, tuple)) or _arrays.is_torch(top_k)
 
 
 def _filter_params(be, top_k, top_p, min_p, batch, v, check):
@@ -298,7 +299,8 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
     """
     if check is not True and check is not False:
         check = _validate.check_mode(check)
-    filtered = _filtered(top_k, top_p, min_p)
+    filtered = (top_p is not None or min_p is not None
+                or (top_k is not None and type(top_k) is not int and _per_row(top_k)))
     if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
         if filtered:
             _no_device_logits("propose with top_p, min_p or a per-row top_k")

@@ -57,7 +57,7 @@ import math
 import numpy as np
 
 from . import _arrays, _backend, _gpu_arrays as _ga, _status, _validate
-from ._types import Dyadic, Verdict, trusted_dyadic, verify_q
+from ._types import Dyadic, Verdict, trusted_dyadic, trusted_verdict, verify_q
 
 GPU_BACKENDS = _backend.GPU_BACKENDS
 
@@ -85,26 +85,26 @@ def _plan(key, make, *args):
 
 
 def _scalar(temperature):
-    """A Python float / int temperature as it is (a key entry), else _ARRAY."""
+    """A Python float / int temperature as it is (a key entry), else _ARRAY (the entry
+    points inline this test)."""
     tt = type(temperature)
     return temperature if tt is float or tt is int else _ARRAY
 
 
-def _run(plan, *args):
-    """``plan.run(*args)`` on the caller's stream and device (the runner is made there
-    on first use: a backend's launch plans are per device)."""
-    tok = _ga._enter(plan.backend, plan.dev)
-    try:
-        run = plan.run
-        if run is None:
-            run = plan.run = plan.make_run()
-        run(*args)
-    finally:
-        if tok is not None:
-            _ga._leave(tok)
+class _CallPlan:
+    """What the call plans share: the backend's runner, made on first use.  A plan's
+    ``__call__`` runs it inside ``_ga._enter(plan.backend, plan.dev)`` (the caller's
+    stream and device), where ``plan.run or plan.runner()`` makes it on the first call:
+    a backend's launch plans are per device."""
+
+    __slots__ = ()
+
+    def runner(self):
+        run = self.run = self.make_run()
+        return run
 
 
-class _AllocPlan:
+class _AllocPlan(_CallPlan):
     """allocate / propose of one configuration: x [..., V] (propose: [B, V]) of one
     dtype on one device, the scalar arguments, ``check``."""
 
@@ -167,7 +167,12 @@ class _AllocPlan:
             tokens = None
             counts, ids, status = _ga._outputs(out, self.dev, self.specs)
         if self.batch:
-            _run(self, x2, b2, temp, k, tokens, counts, ids, status)
+            tok = _ga._enter(self.backend, self.dev)
+            try:
+                (self.run or self.runner())(x2, b2, temp, k, tokens, counts, ids, status)
+            finally:
+                if tok is not None:
+                    _ga._leave(tok)
         if self.check:
             _ga._finish(status, True, None if self.propose else
                         _status.row_label(self.batch_shape))
@@ -186,33 +191,44 @@ class _AllocPlan:
         return (tokens if kind == "torch" else _ga._back(tokens, kind)), q
 
 
-def _x_key(x):
-    """The input as a torch tensor and its kind ("torch" / "cupy")."""
-    torch = _ga._TORCH or _ga._torch()
-    if type(x) is torch.Tensor:
-        return x, "torch"
-    return _ga._as_torch(x)
-
-
+# The entry points build the configuration key inline and look it up before anything
+# else (the eager hot path); ``_plan`` makes a missing plan, and handles a key that
+# cannot be hashed.
 def allocate(x, *, logits, temperature, bias, top_k, policy, backend, check=True, out=None):
-    xt, kind = _x_key(x)
+    if type(x) is (_ga._TORCH or _ga._torch()).Tensor:
+        xt, kind = x, "torch"
+    else:
+        xt, kind = _ga._as_torch(x)
+    tt = type(temperature)
     key = ("allocate", backend, xt.shape, xt.dtype, xt.device, bool(logits),
-           _scalar(temperature), bias is None, type(top_k), top_k, policy, check, kind)
-    plan = _plan(key, _AllocPlan, xt, logits, temperature, bias, top_k, policy, backend,
-                 check, kind, False)
+           temperature if tt is float or tt is int else _ARRAY, bias is None, type(top_k),
+           top_k, policy, check, kind)
+    try:
+        plan = _CALLS[key]
+    except (KeyError, TypeError):
+        plan = _plan(key, _AllocPlan, xt, logits, temperature, bias, top_k, policy, backend,
+                     check, kind, False)
     return plan(xt, temperature, bias, None, out)
 
 
 def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=True, out=None):
-    xt, kind = _x_key(logits)
-    key = ("propose", backend, xt.shape, xt.dtype, xt.device, _scalar(temperature),
-           bias is None, type(top_k), top_k, policy, check, kind)
-    plan = _plan(key, _AllocPlan, xt, True, temperature, bias, top_k, policy, backend,
-                 check, kind, True)
+    if type(logits) is (_ga._TORCH or _ga._torch()).Tensor:
+        xt, kind = logits, "torch"
+    else:
+        xt, kind = _ga._as_torch(logits)
+    tt = type(temperature)
+    key = ("propose", backend, xt.shape, xt.dtype, xt.device,
+           temperature if tt is float or tt is int else _ARRAY, bias is None, type(top_k),
+           top_k, policy, check, kind)
+    try:
+        plan = _CALLS[key]
+    except (KeyError, TypeError):
+        plan = _plan(key, _AllocPlan, xt, True, temperature, bias, top_k, policy, backend,
+                     check, kind, True)
     return plan(xt, temperature, bias, keys, out)
 
 
-class _DrawPlan:
+class _DrawPlan(_CallPlan):
     """draw of one configuration: q's counts of one shape, dtype and device, sparse or
     dense."""
 
@@ -243,7 +259,12 @@ class _DrawPlan:
         k = _ga._keys(keys, batch, self.check)
         (tokens,) = _ga._outputs(out, self.dev, self.specs)
         if batch:
-            _run(self, c2, i2, k, tokens)
+            tok = _ga._enter(self.backend, self.dev)
+            try:
+                (self.run or self.runner())(c2, i2, k, tokens)
+            finally:
+                if tok is not None:
+                    _ga._leave(tok)
         # a batch of one dimension returns ``out["tokens"]`` itself (as propose and verify)
         return _ga._back(tokens if len(self.batch_shape) == 1 else
                          tokens.reshape(self.batch_shape), self.kind)
@@ -259,12 +280,15 @@ def draw(q, keys, *, backend, check=True, out=None):
     elif ids is not None and type(ids) is not torch.Tensor:
         ids = _ga._as_torch(ids)[0]
     key = ("draw", backend, counts.shape, counts.dtype, counts.device, ids is None, check, kind)
-    plan = _plan(key, _DrawPlan, counts, ids is not None, backend, check, kind, q.batch_shape,
-                 q.width)
+    try:
+        plan = _CALLS[key]
+    except (KeyError, TypeError):
+        plan = _plan(key, _DrawPlan, counts, ids is not None, backend, check, kind,
+                     q.batch_shape, q.width)
     return plan(counts, ids, keys, out)
 
 
-class _VerifyPlan:
+class _VerifyPlan(_CallPlan):
     """verify of one configuration: a target [B, k+1, V] on one device (float32
     probabilities, or with ``logits`` float32 / float16 / bfloat16 logits), q None or of
     one width and kind, greedy flags given or not, ``check``."""
@@ -359,17 +383,23 @@ class _VerifyPlan:
         keys_b = _ga._keys(keys, b, check, extra=self.k)
         accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
         if b:
-            if self.logits:
-                _run(self, t, d, qc, qi, g, params, keys_b, accepted, tokens, status, nd)
-            elif nd is None:
-                _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status)
-            else:
-                _run(self, t, d, qc, qi, g, keys_b, accepted, tokens, status, nd)
+            tok = _ga._enter(self.backend, self.dev)
+            try:
+                run = self.run or self.runner()
+                if self.logits:
+                    run(t, d, qc, qi, g, params, keys_b, accepted, tokens, status, nd)
+                elif nd is None:
+                    run(t, d, qc, qi, g, keys_b, accepted, tokens, status)
+                else:
+                    run(t, d, qc, qi, g, keys_b, accepted, tokens, status, nd)
+            finally:
+                if tok is not None:
+                    _ga._leave(tok)
         if check:
             _ga._finish(status, check)
         kind = self.kind
         if kind == "torch":
-            return Verdict(accepted, tokens, None if check else status)
+            return trusted_verdict(accepted, tokens, None if check else status)
         return Verdict(_ga._back(accepted, kind), _ga._back(tokens, kind),
                        None if check else _ga._back(status, kind))
 
@@ -382,7 +412,10 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num
     lazy = check == "lazy"  # any other string was refused by dyadic.verify
     if lazy:
         check = False
-    t, kind = _x_key(target)
+    if type(target) is (_ga._TORCH or _ga._torch()).Tensor:
+        t, kind = target, "torch"
+    else:
+        t, kind = _ga._as_torch(target)
     if q is None:
         qk = qw = None
     elif type(q) is Dyadic:
@@ -393,8 +426,11 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num
     ragged = num_drafts is not None
     key = ("verify", backend, t.shape, t.dtype, t.device, qk, greedy is None, check, lazy,
            kind, ragged, logits)
-    plan = _plan(key, _VerifyPlan, t, qw or 0, greedy is not None, backend, check, lazy,
-                 kind, ragged, logits)
+    try:
+        plan = _CALLS[key]
+    except (KeyError, TypeError):
+        plan = _plan(key, _VerifyPlan, t, qw or 0, greedy is not None, backend, check, lazy,
+                     kind, ragged, logits)
     return plan(t, draft, q, keys, out, greedy, num_drafts, params)
 
 
