@@ -153,8 +153,10 @@ def keys(call, seed, generation, round_, position, batch):
                 and (n0 == batch or n0 == 1) and (n1 == batch or n1 == 1)
                 and (n2 == batch or n2 == 1) and (n3 == batch or n3 == 1)
                 and seed.is_cuda and generation.is_cuda and round_.is_cuda and position.is_cuda
-                and seed.is_contiguous() and generation.is_contiguous()
-                and round_.is_contiguous() and position.is_contiguous()):
+                # a tensor of one entry is contiguous whatever its strides
+                and (n0 == 1 or seed.is_contiguous()) and (n1 == 1 or generation.is_contiguous())
+                and (n2 == 1 or round_.is_contiguous())
+                and (n3 == 1 or position.is_contiguous())):
             one = 2 if batch != 1 else 0  # the broadcast bit of a length-1 field
             return ([seed.data_ptr(), generation.data_ptr(), round_.data_ptr(),
                      position.data_ptr()],

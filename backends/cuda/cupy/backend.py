@@ -62,7 +62,7 @@ class CupyBackend(Backend):
         x_ptr, bias_ptr, temp_ptr = call.many((x, bias, temperature))
         kptrs, kfmt = A.keys(call, *keys, batch) if do_draw else (A.NO_KEYS, 0)
         plan.launch(x_ptr, bias_ptr, temp_ptr, kptrs, kfmt,
-                    call.many((tokens, counts, ids, status), True))
+                    *call.many((tokens, counts, ids, status), True))
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
@@ -140,7 +140,7 @@ class CupyBackend(Backend):
         nd = A.num_drafts(call, num_drafts, batch) if num_drafts is not None else A.NULL
         plan = plans.logits_verify_plan(runtime.device_id(), batch, k + 1, v, w,
                                         A.x_code(target))
-        plan.launch((t, *params, g, nd, d, qc, qi, *kptrs, kfmt, a, tk, st))
+        plan.launch(t, *params, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st)
         if call.back:  # NumPy outputs to copy back
             call.finish()
 
@@ -153,20 +153,27 @@ class CupyBackend(Backend):
                                   policy, do_draw).launch
         keys_of, no_keys = A.keys, A.NO_KEYS
 
-        def run(x, bias, temp, keys, tokens, counts, ids, status):
-            call = A.Call()
-            if bias is None:
-                go = launch
-                b = 0
-            else:  # the bias's dtype and rows are part of the launch configuration
-                go = plans.alloc_plan(dev, batch, v, top_k, x_code, int(A.x_code(bias)),
-                                      int(bias.shape[0]), bool(logits), greedy_ok, policy,
-                                      do_draw).launch
-                b = bias.data_ptr()
-            kptrs, kfmt = keys_of(call, *keys, batch) if do_draw else (no_keys, 0)
-            go(x.data_ptr(), b, temp.data_ptr(), kptrs, kfmt,
-               (tokens.data_ptr() if do_draw else 0, counts.data_ptr(),
-                0 if ids is None else ids.data_ptr(), status.data_ptr()))
+        def biased(bias):
+            """The launch of a call with ``bias``: its dtype and rows are part of the
+            launch configuration."""
+            return plans.alloc_plan(dev, batch, v, top_k, x_code, int(A.x_code(bias)),
+                                    int(bias.shape[0]), bool(logits), greedy_ok, policy,
+                                    do_draw).launch
+
+        if propose:
+            def run(x, bias, temp, keys, tokens, counts, ids, status):
+                go = launch if bias is None else biased(bias)
+                call = A.Call()  # holds what the key fields needed moved, for the launch
+                kptrs, kfmt = keys_of(call, *keys, batch)
+                go(x.data_ptr(), 0 if bias is None else bias.data_ptr(), temp.data_ptr(),
+                   kptrs, kfmt, tokens.data_ptr(), counts.data_ptr(),
+                   0 if ids is None else ids.data_ptr(), status.data_ptr())
+        else:
+            def run(x, bias, temp, keys, tokens, counts, ids, status):
+                (launch if bias is None else biased(bias))(
+                    x.data_ptr(), 0 if bias is None else bias.data_ptr(), temp.data_ptr(),
+                    no_keys, 0, 0, counts.data_ptr(), 0 if ids is None else ids.data_ptr(),
+                    status.data_ptr())
         return run
 
     def draw_runner(self, batch, width):
@@ -211,9 +218,9 @@ class CupyBackend(Backend):
             # tensors [B] (dyadic._gpu_arrays._logits_params); nd as verify_runner's
             kptrs, kfmt = keys_of(A.Call(), *keys, batch)
             temp, topk, topp, minp = params
-            launch((t.data_ptr(), temp.data_ptr(), topk.data_ptr(), topp.data_ptr(),
-                    minp.data_ptr(), 0 if g is None else g.data_ptr(),
-                    0 if nd is None else nd.data_ptr(), d.data_ptr(),
-                    0 if qc is None else qc.data_ptr(), 0 if qi is None else qi.data_ptr(),
-                    *kptrs, kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr()))
+            launch(t.data_ptr(), temp.data_ptr(), topk.data_ptr(), topp.data_ptr(),
+                   minp.data_ptr(), 0 if g is None else g.data_ptr(),
+                   0 if nd is None else nd.data_ptr(), d.data_ptr(),
+                   0 if qc is None else qc.data_ptr(), 0 if qi is None else qi.data_ptr(),
+                   kptrs, kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr())
         return run

@@ -33,20 +33,31 @@ def get(key, make, *args):
 
 
 class _Launch:
-    """One kernel launch with fixed words and the per-call words ``names`` (launch.Var):
-    ``go(values)`` writes ``values`` (in the order of ``names``; a name the kernel does
-    not take is skipped) and launches on the current stream."""
+    """One kernel launch with fixed words and per-call words (launch.Var).
+
+    ``go(*params)`` takes the per-call words of the plan family, ``params`` (parameter
+    names: those of the Vars, ``kptrs`` the four key pointers key0..key3), writes those
+    the kernel takes into its slots (one store each; the others are skipped) and
+    launches on the current stream.  Every Var of ``args`` must be named in ``params``.
+    """
 
     __slots__ = ("bound", "go", "buffers")
 
-    def __init__(self, kernel, grid, block, args, names, buffers=()):
+    def __init__(self, kernel, grid, block, args, params, buffers=()):
         self.bound = b = launch.Bound(kernel, grid, block, args)
         self.buffers = buffers  # the scratch arrays behind fixed pointer words, kept alive
+        words = {n: n for n in params if n != "kptrs"}
+        if "kptrs" in params:
+            words.update((f"key{i}", f"kptrs[{i}]") for i in range(4))
+        missing = sorted(set(b.pos) - set(words))
+        if missing:
+            raise ValueError(f"{kernel.name}: per-call arguments {missing} not in {params}")
         # go() written out for these slots: one store per per-call word, no loop
-        stores = "".join(f"    w[{b.pos[n]}] = v[{j}]\n" for j, n in enumerate(names)
-                         if n in b.pos)
-        ns = {"take": b.take, "launch": b.launch}
-        exec(f"def go(v):\n    s = take()\n    w = s.w\n{stores}    launch(s)\n", ns)
+        stores = "".join(f"    w[{i}] = {words[n]}\n" for n, i in b.pos.items())
+        ns = {"pop": b._free.pop, "take": b.take, "launch": b.launch}
+        exec(f"def go({', '.join(params)}):\n"
+             f"    try:\n        s = pop()\n    except IndexError:\n        s = take()\n"
+             f"    w = s.w\n{stores}    launch(s)\n", ns)
         self.go = ns["go"]
 
 
@@ -55,8 +66,8 @@ def _ptrs(bufs):
 
 
 # --- allocate / propose ----------------------------------------------------------------
-_ALLOC_NAMES = ("x", "bias", "temp", "key0", "key1", "key2", "key3", "kfmt", "tokens",
-                "counts", "ids", "status", "vec", "cvec")
+_ALLOC_PARAMS = ("x", "bias", "temp", "kptrs", "kfmt", "tokens", "counts", "ids", "status",
+                 "vec", "cvec")
 _KEYVARS = tuple(_VAR("key%d" % i) for i in range(4))
 _KFMT = _VAR("kfmt", np.int32)
 
@@ -91,7 +102,7 @@ class OnePassTopK:
                               *_KEYVARS, _KFMT) + _ptrs(bufs) + outs
                     + ((I32[int(vec)],) if wide else ()) + (I32[batch],))
             return _Launch(runtime.kernel(name), routes.rgrid(r, batch),
-                           (routes.ONEPASS_THREADS,), args, _ALLOC_NAMES, bufs)
+                           (routes.ONEPASS_THREADS,), args, _ALLOC_PARAMS, bufs)
 
         name = "topk_onepass_wide" if wide else "topk_onepass"
         self.plain = make(name, r, tile, False)
@@ -107,9 +118,10 @@ class OnePassTopK:
             else:
                 self.aligned = make(name, r, tile, True)
 
-    def launch(self, x, bias, temp, kptrs, kfmt, outs):
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
         vec = self.vec_ok and x % 16 == 0
-        (self.aligned if vec else self.plain).go((x, bias, temp, *kptrs, kfmt, *outs, vec))
+        (self.aligned if vec else self.plain).go(x, bias, temp, kptrs, kfmt, tokens, counts,
+                                                 ids, status, vec, 0)
 
 
 class SelectTopK:
@@ -132,10 +144,10 @@ class SelectTopK:
                    *_KEYVARS, _KFMT) + _ptrs(bufs)
                 + tuple(_VAR(n) for n in ("tokens", "counts", "ids", "status")) + (I32[batch],))
         self.run = _Launch(runtime.kernel("topk_select"), routes.rgrid(nt, batch), (256,), args,
-                           _ALLOC_NAMES, bufs)
+                           _ALLOC_PARAMS, bufs)
 
-    def launch(self, x, bias, temp, kptrs, kfmt, outs):
-        self.run.go((x, bias, temp, *kptrs, kfmt, *outs))
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
+        self.run.go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, 0, 0)
 
 
 # dense_* state sizes (DA_RS / DA_CAP / DA_NB of dense.cuh)
@@ -161,7 +173,7 @@ class Dense:
         pol, rows = I32[policy], I32[batch]
         grid = routes.rgrid(nt, batch)
         self.x16, self.v = x_code != 0, v
-        self.steps = tuple(_Launch(runtime.kernel(name), grid, (256,), base + tail, _ALLOC_NAMES,
+        self.steps = tuple(_Launch(runtime.kernel(name), grid, (256,), base + tail, _ALLOC_PARAMS,
                                    bufs) for name, tail in (
             ("dense_max", (state, rows)), ("dense_sum", (state, rows)),
             ("dense_floor", (pol, fine, state, rows)),
@@ -171,18 +183,15 @@ class Dense:
         if do_draw:
             self.draw = _Launch(runtime.kernel("draw_rows"), (batch,), (256,),
                                 (_VAR("counts"), NULL, I32[v], *_KEYVARS, _KFMT,
-                                 _VAR("tokens")), _ALLOC_NAMES)
+                                 _VAR("tokens")), _ALLOC_PARAMS)
+        self.gos = tuple(step.go for step in self.steps + ((self.draw,) if do_draw else ()))
 
-    def launch(self, x, bias, temp, kptrs, kfmt, outs):
-        tokens, counts, ids, status = outs
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
         v = self.v
         vec = not self.x16 and v % 4 == 0 and x % 16 == 0  # 16-byte loads of float32 x
         cvec = v % 4 == 0 and counts % 16 == 0  # 16-byte stores of the counts
-        values = (x, bias, temp, *kptrs, kfmt, tokens, counts, ids, status, vec, cvec)
-        for step in self.steps:
-            step.go(values)
-        if self.draw is not None:
-            self.draw.go(values)
+        for go in self.gos:
+            go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec)
 
 
 def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
@@ -212,15 +221,15 @@ def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greed
 class Draw:
     """draw_rows: one block per row; counts [B, W], ids [B, W] or null."""
 
-    _NAMES = ("counts", "ids", "key0", "key1", "key2", "key3", "kfmt", "tokens")
+    PARAMS = ("counts", "ids", "kptrs", "kfmt", "tokens")
 
     def __init__(self, batch, w):
         self.run = _Launch(runtime.kernel("draw_rows"), (batch,), (256,),
                            (_VAR("counts"), _VAR("ids"), I32[w], *_KEYVARS, _KFMT,
-                            _VAR("tokens")), self._NAMES)
-
-    def launch(self, counts, ids, kptrs, kfmt, tokens):
-        self.run.go((counts, ids, *kptrs, kfmt, tokens))
+                            _VAR("tokens")), self.PARAMS)
+        #: ``launch(counts, ids, kptrs, kfmt, tokens)``: the launch itself (no per-call
+        #: choice to make)
+        self.launch = self.run.go
 
 
 def draw_plan(dev, batch, w):
@@ -230,8 +239,8 @@ def draw_plan(dev, batch, w):
 
 
 # --- verify ----------------------------------------------------------------------------
-_VERIFY_NAMES = ("t", "d", "qc", "qi", "g", "key0", "key1", "key2", "key3", "kfmt", "a", "tk",
-                 "st", "vec", "vec_q", "nd")
+_VERIFY_PARAMS = ("t", "d", "qc", "qi", "g", "kptrs", "kfmt", "a", "tk", "st", "vec", "vec_q",
+                  "nd")
 _VIN = tuple(_VAR(n) for n in ("t", "d", "qc", "qi"))
 _VOUT = tuple(_VAR(n) for n in ("a", "tk", "st"))
 _VVEC, _VVECQ = _VAR("vec", np.int32), _VAR("vec_q", np.int32)
@@ -261,19 +270,18 @@ class TwoLaunchVerify:
         self.chain = _Launch(runtime.kernel("verify_chain"), routes.rgrid(nt1, rows), (256,), (
             *_VIN, w32, flags, I32[batch], k32, v32, np.int32(nt1), plo, phi, pmax, pbad,
             *_KEYVARS, _KFMT, res_row, res_t, *_VOUT, vcnt, np.int32(vt), _VVEC, _VND),
-            _VERIFY_NAMES, bufs)
+            _VERIFY_PARAMS, bufs)
         self.residual = _Launch(runtime.kernel("verify_residual"), routes.rgrid(nrt, batch),
                                 (256,), (*_VIN, w32, k32, v32, np.int32(nrt), *_KEYVARS, _KFMT,
                                          res_row, res_t, rpart, *_VOUT, rcnt, np.int32(rt),
-                                         _VVEC, _VVECQ, I32[batch], _VND), _VERIFY_NAMES)
+                                         _VVEC, _VVECQ, I32[batch], _VND), _VERIFY_PARAMS)
 
     def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd=0):
         v = self.v
         vec_t = v % 4 == 0 and t % 16 == 0
         vec_q = bool(qc) and not qi and v % 4 == 0 and qc % 16 == 0
-        values = (t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec_t, vec_q, nd)
-        self.chain.go(values)
-        self.residual.go(values)
+        self.chain.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q, nd)
+        self.residual.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q, nd)
 
 
 def _row_lists(batch, k1, nt, v):
@@ -292,7 +300,7 @@ class _OneKernelVerify:
     def launch(self, t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd=0):
         vec = self.v4 and t % 16 == 0
         vec_q = vec and bool(qc) and not qi and qc % 16 == 0
-        self.run.go((t, d, qc, qi, g, *kptrs, kfmt, a, tk, st, vec, vec_q, nd))
+        self.run.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec, vec_q, nd)
 
 
 class LazyVerify(_OneKernelVerify):
@@ -310,7 +318,7 @@ class LazyVerify(_OneKernelVerify):
             *_VIN, I32[w], I32[k1 - 1], I32[v], I32[nt], *_KEYVARS, _KFMT, *_ptrs(bufs[:4]),
             I32[min(routes.LAZY_LIST_CAP, v)], *_VOUT, _ptrs(bufs[4:])[0], I32[vt],
             I32[int(batch <= routes.LAZY_PREFETCH_MAX_BATCH)], _VVEC, _VVECQ, I32[batch], _VND),
-            _VERIFY_NAMES, bufs)
+            _VERIFY_PARAMS, bufs)
 
 
 class OneLaunchVerify(_OneKernelVerify):
@@ -328,7 +336,7 @@ class OneLaunchVerify(_OneKernelVerify):
                            (256,), (
             *_VIN, I32[w], I32[k1 - 1], I32[v], I32[nt], *_KEYVARS, _KFMT, *_ptrs(bufs[:4]),
             I32[min(routes.LAZY_LIST_CAP, v)], *_VOUT, cnt, tz, I32[vt], _VVEC, _VVECQ,
-            I32[batch]), _VERIFY_NAMES, bufs)
+            I32[batch]), _VERIFY_PARAMS, bufs)
 
 
 class LogitsVerify:
@@ -338,8 +346,8 @@ class LogitsVerify:
     temperature, int64 top_k, float32 top_p and min_p as bit patterns), the greedy
     flags or 0, num_drafts or 0, the draft, q, keys and outputs."""
 
-    NAMES = ("t", "temp", "topk", "topp", "minp", "g", "nd", "d", "qc", "qi", "key0", "key1",
-             "key2", "key3", "kfmt", "a", "tk", "st")
+    PARAMS = ("t", "temp", "topk", "topp", "minp", "g", "nd", "d", "qc", "qi", "kptrs", "kfmt",
+              "a", "tk", "st")
 
     def __init__(self, batch, k1, v, w, nsm, x_code):
         rows, k = batch * k1, k1 - 1
@@ -365,7 +373,7 @@ class LogitsVerify:
         grid = routes.rgrid(nt, rows)
         tail = (I32[nt], np.int32(tile))
         q_in = (_VAR("d"), _VAR("qc"), _VAR("qi"), I32[w], *_KEYVARS, _KFMT)
-        names = self.NAMES
+        names = self.PARAMS
         self.steps = (
             _Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
                 pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),
@@ -380,9 +388,9 @@ class LogitsVerify:
             _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
                 I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT), names))
 
-    def launch(self, values):
+    def launch(self, t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st):
         for step in self.steps:
-            step.go(values)
+            step.go(t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st)
 
 
 def logits_verify_plan(dev, batch, k1, v, w, x_code):
