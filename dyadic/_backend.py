@@ -14,6 +14,7 @@ kind or device arrays as the caller gave them, which the backend checks itself
 """
 
 import importlib
+import sys
 
 import numpy as np
 
@@ -144,7 +145,8 @@ class Backend:
         status, num_drafts=None)`` for verify calls of this shape: ``greedy`` flags given
         (``verify``), else ``lazy`` and a lazy kernel (``verify_lazy``), else
         ``verify_plain`` (the flags all zero).  ``ragged``: num_drafts (int32 [B]) is
-        given to every call of the runner."""
+        given to every call of the runner.  ``greedy_flags``: one byte per request, a
+        contiguous bool or uint8 tensor [B] (the kernel methods get uint8: ``flag_bytes``)."""
         if greedy:
             method = self.verify
         elif lazy and self.has_lazy_verify:
@@ -155,7 +157,7 @@ class Backend:
             method = self.verify_plain
 
         def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
-            method(t, d, qc, qi, g, *device_keys(keys), a, tk, st, nd)
+            method(t, d, qc, qi, flag_bytes(g), *device_keys(keys), a, tk, st, nd)
         return run
 
     def verify_logits_runner(self, batch, k1, v, width, x_dtype):
@@ -163,14 +165,24 @@ class Backend:
         tokens, status, num_drafts=None)`` for verify(logits=True) calls of this shape on
         device arrays (only where ``device_logits_verify``): target logits [batch, k1, v]
         of ``x_dtype`` (torch float32 / float16 / bfloat16), ``params`` the four
-        parameter tensors of ``verify_logits`` (top_p / min_p float32)."""
+        parameter tensors of ``verify_logits`` (top_p / min_p float32), ``greedy_flags`` as
+        ``verify_runner``'s."""
         def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):
-            self.verify_logits(t, d, qc, qi, g, *params, *device_keys(keys), a, tk, st, nd)
+            self.verify_logits(t, d, qc, qi, flag_bytes(g), *params, *device_keys(keys), a, tk,
+                               st, nd)
         return run
 
 
 KEY_FIELDS = ("seed", "generation", "round", "position")
 _KEY_DTYPES = frozenset(("int32", "uint32", "int64", "uint64"))
+
+
+def flag_bytes(g):
+    """Greedy flags of a device call (dyadic._device: a contiguous bool or uint8 torch
+    tensor [B]) as the uint8 array the kernel methods take: a bool tensor viewed as its
+    bytes (no copy)."""
+    torch = sys.modules["torch"]  # imported by whoever made the tensor
+    return g.view(torch.uint8) if g.dtype == torch.bool else g
 
 
 def device_keys(keys):

@@ -294,7 +294,7 @@ class _VerifyPlan(_CallPlan):
     one width and kind, greedy flags given or not, ``check``."""
 
     __slots__ = ("backend", "be", "dev", "didx", "b", "k", "v", "w", "check", "lazy",
-                 "greedy", "specs", "kind", "run", "bk", "zeros", "ragged", "logits",
+                 "greedy", "specs", "kind", "run", "bk", "qshape", "zeros", "ragged", "logits",
                  "x_dtype")
 
     def __init__(self, t, q_width, greedy, backend, check, lazy, kind, ragged=False,
@@ -321,6 +321,7 @@ class _VerifyPlan(_CallPlan):
             raise ValueError("target: needs k+1 >= 1 rows per request")
         self.b, self.k, self.v, self.w = b, k1 - 1, v, q_width
         self.bk = (b, k1 - 1)
+        self.qshape = (b, k1 - 1, q_width)
         self.greedy = greedy
         self.ragged = ragged  # num_drafts given (int32 [B], converted per call)
         self.dev = dev = t.device
@@ -370,7 +371,8 @@ class _VerifyPlan(_CallPlan):
         if q is not None:
             # q's fields read directly (the public properties cost a Python call each); a q
             # that is not a Dyadic raises in verify_q before they are read
-            if type(q) is not Dyadic or q._vocab_size != v or q._counts.shape[:-1] != self.bk:
+            # (the key fixed q's width: a q of this plan has counts [B, k, width])
+            if type(q) is not Dyadic or q._vocab_size != v or q._counts.shape != self.qshape:
                 verify_q(q, b, self.k, v)  # raises for the rule q breaks
             qc = q._counts
             if not _ga._on(qc, didx, torch):
@@ -379,7 +381,7 @@ class _VerifyPlan(_CallPlan):
             if qi is not None and not _ga._on(qi, didx, torch):
                 qi = _ga._host_tensor(qi, self.dev).contiguous()
         check = self.check
-        g = self.zeros if greedy is None else _ga._greedy(greedy, b, self.dev)
+        g = self.zeros if greedy is None else _ga._greedy(greedy, b, self.dev, didx)
         keys_b = _ga._keys(keys, b, check, extra=self.k)
         accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
         if b:

@@ -82,10 +82,9 @@ def _enter(backend, device):
     if backend != "cuda":
         return None
     cb = _CB or _cuda_runtime()
-    torch = _TORCH or _torch()
     dev = device.index
     if dev is None:
-        dev = torch.cuda.current_device()
+        dev = (_TORCH or _torch()).cuda.current_device()
     dctx = None
     if dev != cb.device_id():  # cupy.cuda.runtime.getDevice once cupy is loaded (no frame)
         import cupy
@@ -183,12 +182,14 @@ def _outputs(out, device, specs):
     tensor on ``device``.  One call for all outputs of a primitive (the hot path)."""
     got = []
     for spec in specs:
-        t = None if spec is None or out is None else out.get(spec[0])
+        if spec is None:
+            got.append(None)
+            continue
+        name, shape, dtype = spec
+        t = None if out is None else out.get(name)
         if t is None:
-            if spec is not None:
-                t = (_TORCH or _torch()).empty(spec[1], dtype=spec[2], device=device)
-        elif (t.shape != spec[1] and tuple(t.shape) != spec[1]) or t.dtype != spec[2]:
-            name, shape, dtype = spec
+            t = (_TORCH or _torch()).empty(shape, dtype=dtype, device=device)
+        elif (t.shape != shape and tuple(t.shape) != shape) or t.dtype != dtype:
             raise ValueError(f"out[{name!r}]: expected {dtype} {tuple(shape)}, got "
                              f"{t.dtype} {tuple(t.shape)}")
         got.append(t)
@@ -258,16 +259,18 @@ def _draft(draft, bk, device, check, v):
     return d.to(torch.int32).contiguous()
 
 
-def _greedy(greedy, b, device):
-    """Greedy flags: a bool [B] array as the uint8 bytes the kernels read (one byte per
-    request, tested against 0; no conversion, no launch)."""
+def _greedy(greedy, b, device, dev_index):
+    """Greedy flags: a bool [B] array as a contiguous bool tensor on ``device`` (CUDA
+    device ``dev_index``), whose bytes the kernels read (one per request, tested against
+    0; no conversion, no launch); a contiguous tensor there is taken as it is."""
     torch = _TORCH or _torch()
-    g = _host_tensor(greedy, device)
+    on = _on(greedy, dev_index, torch)  # as_tensor and contiguous would return it unchanged
+    g = greedy if on else _host_tensor(greedy, device)
     if g.dtype != torch.bool:
         raise TypeError(f"greedy: dtype {_arrays.dtype_name(g)} is not bool")
-    if tuple(g.shape) != (b,):
+    if g.shape != (b,):  # torch.Size == tuple
         raise ValueError(f"greedy: shape {tuple(g.shape)} must be (B,) = ({b},)")
-    return g.contiguous().view(torch.uint8)
+    return g if on else g.contiguous()
 
 
 def _finish(status, check, label=None):

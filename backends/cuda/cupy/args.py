@@ -146,11 +146,13 @@ def keys(call, seed, generation, round_, position, batch):
     if (type(seed) is tt and type(generation) is tt and type(round_) is tt
             and type(position) is tt):  # the hot path: torch tensors, tested side by side
         kw = _KEY_WORD
-        w0, w1, w2, w3 = (kw.get(seed.dtype), kw.get(generation.dtype), kw.get(round_.dtype),
-                          kw.get(position.dtype))
+        try:
+            w0, w1, w2, w3 = (kw[seed.dtype], kw[generation.dtype], kw[round_.dtype],
+                              kw[position.dtype])
+        except KeyError:  # a dtype of another size or kind: refused field by field
+            return _keys_each(call, (seed, generation, round_, position), batch)
         n0, n1, n2, n3 = seed.numel(), generation.numel(), round_.numel(), position.numel()
-        if (w0 is not None and w1 is not None and w2 is not None and w3 is not None
-                and (n0 == batch or n0 == 1) and (n1 == batch or n1 == 1)
+        if ((n0 == batch or n0 == 1) and (n1 == batch or n1 == 1)
                 and (n2 == batch or n2 == 1) and (n3 == batch or n3 == 1)
                 and seed.is_cuda and generation.is_cuda and round_.is_cuda and position.is_cuda
                 # a tensor of one entry is contiguous whatever its strides

@@ -128,6 +128,15 @@ def active():
     return MODE != "cupy" and load() is not None
 
 
+def current_stream():
+    """The raw handle of the current stream, for several launches in a row on it (each
+    given it as ``stream``: read once); None where launches go through CuPy (MODE
+    "cupy", no driver), which reads its current stream itself."""
+    if _STATE["lib"] is None or MODE == "cupy":
+        return None
+    return _CURRENT_STREAM()
+
+
 def describe():
     if MODE == "cupy":
         return "cupy (launch.MODE = 'cupy', e.g. DYADIC_CUDA_LAUNCH=cupy)"
@@ -391,5 +400,5 @@ class Bound:
         k._go(lib, self.grid3, self.block3, slots, stream, self._free)
 
 
-__all__ = ["Bound", "Kernel", "MODE", "Var", "active", "configure", "describe", "fill", "load",
-           "set_driver", "slot_value"]
+__all__ = ["Bound", "Kernel", "MODE", "Var", "active", "configure", "current_stream", "describe",
+           "fill", "load", "set_driver", "slot_value"]

@@ -35,10 +35,11 @@ def get(key, make, *args):
 class _Launch:
     """One kernel launch with fixed words and per-call words (launch.Var).
 
-    ``go(*params)`` takes the per-call words of the plan family, ``params`` (parameter
-    names: those of the Vars, ``kptrs`` the four key pointers key0..key3), writes those
-    the kernel takes into its slots (one store each; the others are skipped) and
-    launches on the current stream.  Every Var of ``args`` must be named in ``params``.
+    ``go(*params, stream=None)`` takes the per-call words of the plan family,
+    ``params`` (parameter names: those of the Vars, ``kptrs`` the four key pointers
+    key0..key3), writes those the kernel takes into its slots (one store each; the others
+    are skipped) and launches on ``stream`` (a raw handle; None: the current stream).
+    Every Var of ``args`` must be named in ``params``.
     """
 
     __slots__ = ("bound", "go", "buffers")
@@ -55,9 +56,9 @@ class _Launch:
         # go() written out for these slots: one store per per-call word, no loop
         stores = "".join(f"    w[{i}] = {words[n]}\n" for n, i in b.pos.items())
         ns = {"pop": b._free.pop, "take": b.take, "launch": b.launch}
-        exec(f"def go({', '.join(params)}):\n"
+        exec(f"def go({', '.join(params)}, stream=None):\n"
              f"    try:\n        s = pop()\n    except IndexError:\n        s = take()\n"
-             f"    w = s.w\n{stores}    launch(s)\n", ns)
+             f"    w = s.w\n{stores}    launch(s, stream)\n", ns)
         self.go = ns["go"]
 
 
@@ -190,8 +191,9 @@ class Dense:
         v = self.v
         vec = not self.x16 and v % 4 == 0 and x % 16 == 0  # 16-byte loads of float32 x
         cvec = v % 4 == 0 and counts % 16 == 0  # 16-byte stores of the counts
+        stream = launch.current_stream()  # read once for the launches
         for go in self.gos:
-            go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec)
+            go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec, stream)
 
 
 def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
@@ -280,8 +282,9 @@ class TwoLaunchVerify:
         v = self.v
         vec_t = v % 4 == 0 and t % 16 == 0
         vec_q = bool(qc) and not qi and v % 4 == 0 and qc % 16 == 0
-        self.chain.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q, nd)
-        self.residual.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q, nd)
+        stream = launch.current_stream()  # read once for the two launches
+        self.chain.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q, nd, stream)
+        self.residual.go(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, vec_t, vec_q, nd, stream)
 
 
 def _row_lists(batch, k1, nt, v):
@@ -389,8 +392,9 @@ class LogitsVerify:
                 I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT), names))
 
     def launch(self, t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st):
+        stream = launch.current_stream()  # read once for the six launches
         for step in self.steps:
-            step.go(t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st)
+            step.go(t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st, stream)
 
 
 def logits_verify_plan(dev, batch, k1, v, w, x_code):
