@@ -382,7 +382,7 @@ class _VerifyPlan(_CallPlan):
                 qi = _ga._host_tensor(qi, self.dev).contiguous()
         check = self.check
         g = self.zeros if greedy is None else _ga._greedy(greedy, b, self.dev, didx)
-        keys_b = _ga._keys(keys, b, check, extra=self.k)
+        keys_b = _ga._keys(keys, b, check, self.k)
         accepted, tokens, status = _ga._outputs(out, self.dev, self.specs)
         if b:
             tok = _ga._enter(self.backend, self.dev)
@@ -411,7 +411,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num
     """``params``: (temperature, top_k, top_p, min_p) as given to dyadic.verify (with
     ``logits``).  check="lazy" on logits targets validates every row it uses, as
     check=False (each row's processing reads all of it)."""
-    lazy = check == "lazy"  # any other string was refused by dyadic.verify
+    lazy = check is not True and check is not False and check == "lazy"  # any other
+    # string was refused by dyadic.verify
     if lazy:
         check = False
     if type(target) is (_ga._TORCH or _ga._torch()).Tensor:
