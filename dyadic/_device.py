@@ -411,8 +411,8 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num
     """``params``: (temperature, top_k, top_p, min_p) as given to dyadic.verify (with
     ``logits``).  check="lazy" on logits targets validates every row it uses, as
     check=False (each row's processing reads all of it)."""
-    lazy = check is not True and check is not False and check == "lazy"  # any other
-    # string was refused by dyadic.verify
+    # (any string other than "lazy" was refused by dyadic.verify)
+    lazy = check is not True and check is not False and check == "lazy"
     if lazy:
         check = False
     if type(target) is (_ga._TORCH or _ga._torch()).Tensor:
