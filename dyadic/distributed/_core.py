@@ -11,9 +11,14 @@ Each rank's local work runs in the CPU backend's shard kernels
 (``backends/cpu/_shard.pyx`` over ``backends/include/dyadic_shard.h``): the
 shard's top-k candidates, the merge / allocation / draw on the gathered
 candidates, the dense weights, the target summaries, validation and
-acceptance, the residual masses, the correction draw and the owner's search;
-CUDA tensors are copied to the host first.  The dense allocation's floors,
-remainders and radix histograms are NumPy on exact uint64 limbs.
+acceptance, the residual masses, the correction draw and the owner's search.
+A CUDA shard of a top-k propose or of verify stays on its GPU: the same
+functions of ``backends/cuda/cupy/shard.py`` (NVRTC over the same
+``dyadic_shard.h``) on CuPy arrays, the collectives on CUDA tensors
+(``_propose_device`` / ``_verify_device``; without CuPy, or with
+``DYADIC_DISTRIBUTED_HOST=1``, and for dense propose, it is copied to the
+host).  The dense allocation's floors, remainders and radix histograms are
+NumPy on exact uint64 limbs.
 
 Collectives of a successful call (a failed call adds one error round;
 docs/distributed.md says why each is needed):
@@ -343,10 +348,11 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     bias : this rank's slice of the bias ([n] or [B, n]), or None.
     vocab_offset, vocab_size : the slice's first global id and the full V.
     group : torch.distributed process group (default: the default group).
-    The local math runs in the CPU backend's shard kernels on the host
-    (there is no ``backend`` argument; CUDA tensors are copied to the host),
-    so the compiled CPU backend is required (``BackendUnavailable``
-    otherwise, on every rank).
+    The local math runs in the shard kernels (there is no ``backend``
+    argument): on the GPU for a CUDA tensor with ``top_k`` given when the
+    cuda backend (CuPy) loads, else in the CPU backend's kernels on the host
+    (CUDA tensors copied there), so the compiled CPU backend is required on
+    that path (``BackendUnavailable`` otherwise, on every rank).
     check : True or False (identical on every rank; checked).  True: the
         closing round also compares the sampled tokens and fails on every rank
         if ranks disagree.
