@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU parity suites and the GPU benchmark in one command (run on the GPU machine).
 #   tools/gpu_suite.sh                  logs to $OUT/log.txt (default OUT=./gpu-out)
-# STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench):
+# STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench;
+# shard runs only when named):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
 #           ids, streams, graph capture) and the host-side tests that touch the device path
@@ -10,6 +11,11 @@
 #           the tiny models train there once, cached under /tmp/dyadic-model-cache)
 #   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400), then
 #           the verify_logits primitive on cpu,cuda
+#   shard   the sharded (dyadic.distributed) device path: the CUDA shard kernels against
+#           the CPU's (tests/gpu/test_gpu_shard_kernels.py), then gloo ranks on one GPU
+#           with CUDA shards against the unsharded cpu / cuda calls and the host shards
+#           (tests/distributed/test_distributed_cuda.py), then the bench with CUDA
+#           shards, device kernels and host kernels (SHARD_T per part)
 #   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
 #           (comma-separated substrings, or =NAME for one case) picks cases
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
@@ -77,6 +83,21 @@ PY
   timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives verify_logits --backends cpu,cuda \
       --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz-logits" 2>&1 | tail -6
   echo "fuzz verify_logits exit: $?"
+  fi
+  if has shard; then stamp "shard kernels (cuda vs cpu)"
+  timeout ${SHARD_T:-240} python3 -m pytest -q -rs -x -p no:cacheprovider \
+      tests/gpu/test_gpu_shard_kernels.py tests/cpu/test_shard_kernels.py 2>&1 | tail -${TAIL:-25}
+  echo "shard kernels exit: $?"
+  stamp "sharded calls, gloo ranks with CUDA shards"
+  timeout ${SHARD_T:-240} python3 -m pytest -q -rs -x -p no:cacheprovider \
+      tests/distributed/test_distributed_cuda.py 2>&1 | tail -${TAIL:-25}
+  echo "sharded cuda exit: $?"
+  for hk in "" "--host-kernels"; do
+    stamp "dyadic.distributed.bench gloo, CUDA shards $hk"
+    timeout ${SHARD_T:-240} python3 -m dyadic.distributed.bench --dist gloo --shards cuda \
+        --world 2 --vocab 129280 --batch 8 --reps ${SHARD_REPS:-10} $hk 2>&1 | tail -14
+    echo "shard bench exit: $?"
+  done
   fi
   if has bench; then stamp "dyadic.bench gpu"
   timeout ${BENCH_T:-180} python3 -m dyadic.bench gpu --batch ${BATCH:-1,4,16,64} \

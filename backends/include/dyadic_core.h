@@ -392,11 +392,33 @@ DY_FUNC uint64_t dy_target_fixed(uint32_t bits) {
     return dy_shift_floor64(dy_f32_mant(mag), dy_f32_exp(mag) + DY_TARGET_BITS);
 }
 
+/* float32 -> binary64, exact (subnormals kept).  On the device by integer bit
+ * manipulation: CuPy appends -ftz=true to every NVRTC compile, under which the
+ * conversion instruction would flush a subnormal float32 to zero. */
+DY_FUNC double dy_f2d(float f) {
+#if defined(DY_CUDA)
+    const uint32_t b = __float_as_uint(f);
+    const uint64_t s = (uint64_t)(b >> 31) << 63;
+    const uint32_t e = (b >> 23) & 0xFFu, m = b & 0x7FFFFFu;
+    uint64_t r;
+    if (e == 0xFFu) r = s | 0x7FF0000000000000ull | ((uint64_t)m << 29); /* inf, NaN */
+    else if (e) r = s | ((uint64_t)(e + 896u) << 52) | ((uint64_t)m << 29);
+    else if (!m) r = s;
+    else { /* subnormal m * 2**-149 */
+        const int p = 31 - __clz(m);
+        r = s | ((uint64_t)(p + 874) << 52) | (((uint64_t)m << (52 - p)) & 0xFFFFFFFFFFFFFull);
+    }
+    return __longlong_as_double((long long)r);
+#else
+    return (double)f;
+#endif
+}
+
 /* z = (x + b) / temperature in binary64 (no bias: x / temperature).  The
  * division by exactly 1.0 is skipped: it is the identity in IEEE-754. */
 DY_FUNC double dy_effective_logit(float x, const float *bias, uint32_t v, double temperature) {
-    double z = (double)x;
-    if (bias) z = z + (double)bias[v];
+    double z = dy_f2d(x);
+    if (bias) z = z + dy_f2d(bias[v]);
     return temperature == 1.0 ? z : z / temperature;
 }
 
@@ -617,14 +639,14 @@ DY_FUNC void dy_logits_block(const float *x, const float *bias, double temperatu
     uint32_t j;
     if (bias) {
         if (temperature == 1.0)
-            for (j = 0; j < n; j++) z[j] = (double)x[j] + (double)bias[j];
+            for (j = 0; j < n; j++) z[j] = dy_f2d(x[j]) + dy_f2d(bias[j]);
         else
-            for (j = 0; j < n; j++) z[j] = ((double)x[j] + (double)bias[j]) / temperature;
+            for (j = 0; j < n; j++) z[j] = (dy_f2d(x[j]) + dy_f2d(bias[j])) / temperature;
     } else {
         if (temperature == 1.0)
-            for (j = 0; j < n; j++) z[j] = (double)x[j];
+            for (j = 0; j < n; j++) z[j] = dy_f2d(x[j]);
         else
-            for (j = 0; j < n; j++) z[j] = (double)x[j] / temperature;
+            for (j = 0; j < n; j++) z[j] = dy_f2d(x[j]) / temperature;
     }
 }
 

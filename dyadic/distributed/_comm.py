@@ -2,10 +2,14 @@
 the agreement protocol that keeps the ranks of a sharded call in step.
 
 gloo groups exchange CPU tensors, NCCL groups CUDA tensors (on the current
-device).  Every exchange goes through ``Comm`` so that the bytes and
-collectives each rank contributes are counted.  Every collective is one
-``all_gather``; an all-reduce (sum or max of integers) is the all_gather of
-the same per-rank array reduced identically on every rank.
+device); a call whose shard is on the device (``Comm.on_device``) exchanges
+its data rounds as CUDA tensors on either (gloo copies them through the host
+itself) and gets CuPy arrays back, with no copy to the host but the failure
+flags (one element per rank and collective).  Every exchange goes through
+``Comm`` so that the bytes and collectives each rank contributes are counted.
+Every collective is one ``all_gather``; an all-reduce (sum or max of
+integers) is the all_gather of the same per-rank array reduced identically on
+every rank.
 
 Protocol of one call (``docs/distributed.md``, "Errors and agreement"):
 
@@ -93,6 +97,10 @@ def close_plan(n_tokens):
 _HEADER = gather_plan((HEADER_WORDS,))
 
 
+def _dtype(arr):
+    return arr.dtype if hasattr(arr, "dtype") else np.asarray(arr).dtype
+
+
 class Comm:
     """One sharded call on ``group``: its collectives, its plan and its call number."""
 
@@ -119,6 +127,16 @@ class Comm:
         self.call = _calls.get(pg, 0) + 1
         _calls[pg] = self.call
         self._plan = _HEADER
+        self.cupy = None  # the CuPy module once the call's data rounds are on the device
+
+    def on_device(self, cupy):
+        """From now on the data rounds (and a failure's stand-in payload) are CuPy arrays
+        on the current CUDA device."""
+        self.cupy = cupy
+
+    def _xp(self, arr):
+        cp = self.cupy
+        return cp if cp is not None and isinstance(arr, cp.ndarray) else np
 
     # ------------------------------------------------------------------ transport
 
@@ -126,14 +144,20 @@ class Comm:
         """One collective on a 1-D NumPy array; [world, len] (gather) or [len] (reduce)."""
         self._plan = None
         try:
-            t = self.torch.from_numpy(flat).to(self.device)
+            dev = not isinstance(flat, np.ndarray)
+            # a CuPy array: the same memory as a CUDA tensor (DLPack, same stream)
+            t = (self.torch.from_dlpack(flat) if dev
+                 else self.torch.from_numpy(flat).to(self.device))
             # A reduction is carried by the same all_gather, then reduced on every rank
             # (exact: integer sums and maxima do not depend on the order): each rank
             # sends the same bytes, and gloo's all_reduce of a few hundred bytes costs
             # about three times its all_gather.
             out = [self.torch.empty_like(t) for _ in range(self.world)]
             self.dist.all_gather(out, t, group=self.group)
-            res = np.stack([o.cpu().numpy() for o in out])
+            if dev:
+                res = self.cupy.from_dlpack(self.torch.stack(out))
+            else:
+                res = np.stack([o.cpu().numpy() for o in out])
             if kind == "reduce":
                 res = res.sum(axis=0) if op == "sum" else res.max(axis=0)
         except Exception as exc:
@@ -155,22 +179,25 @@ class Comm:
 
         ``then``: the plan of the collective after this one (None: decided later).
         """
-        return self._data(gather_plan(np.shape(arr), np.asarray(arr).dtype), arr, then)
+        return self._data(gather_plan(np.shape(arr), _dtype(arr)), arr, then)
 
     def all_reduce(self, arr, op="sum", then=None):
         """Element-wise ``op`` ("sum" or "max") of an integer array over the ranks."""
-        return self._data(reduce_plan(np.shape(arr), op, np.asarray(arr).dtype), arr, then)
+        return self._data(reduce_plan(np.shape(arr), op, _dtype(arr)), arr, then)
 
     def _data(self, plan, arr, then):
         if plan != self._plan:
             raise AssertionError(f"dyadic.distributed: internal error: collective {plan} where "
                                  f"{self._plan} was planned")
         kind, shape, dtype, op = plan
-        flat = np.zeros(int(np.prod(shape)) + 1, dtype=dtype)
-        flat[:-1] = np.asarray(arr).reshape(-1)
+        xp = self._xp(arr)
+        flat = xp.zeros(int(np.prod(shape)) + 1, dtype=dtype)
+        flat[:-1] = xp.asarray(arr).reshape(-1)
         res = self._run(kind, flat, op)
         self._plan = then
-        if (res[..., -1] != 0).any():
+        # the failure flags: on the device, the one read back to the host per collective
+        flags = res[..., -1]
+        if (flags if xp is np else self.cupy.asnumpy(flags)).any():
             self._plan = None
             self._error_round(None)
         if kind == "gather":
@@ -230,6 +257,11 @@ class Comm:
         kind, shape, dtype, op = plan
         flat = np.zeros(int(np.prod(shape)) + 1, dtype=dtype)
         flat[-1] = 1
+        if self.cupy is not None:  # the same kind of tensor as the peers send
+            try:
+                flat = self.cupy.asarray(flat)
+            except Exception:  # noqa: BLE001 - a broken device: send from the host
+                pass
         self._run(kind, flat, op)
         self._error_round(exc)
 
@@ -272,10 +304,11 @@ class Comm:
     def close(self, tokens):
         """The closing round (planned as ``close_plan(tokens.size or 0)``); with ``tokens``
         (int64, the check) fails on every rank if the ranks hold different tokens."""
+        xp = np if tokens is None else self._xp(tokens)
         flat = (np.zeros(0, dtype=np.int64) if tokens is None
-                else np.asarray(tokens, dtype=np.int64).reshape(-1))
-        m = self.all_reduce(np.concatenate([flat, -flat]), "max")
-        if not np.array_equal(m[:flat.size], -m[flat.size:]):
+                else xp.asarray(tokens, dtype=np.int64).reshape(-1))
+        m = self.all_reduce(xp.concatenate([flat, -flat]), "max")
+        if not bool((m[:flat.size] == -m[flat.size:]).all()):
             raise DistributedError("dyadic.distributed: ranks computed different tokens "
                                    "(non-identical replicated inputs?)",
                                    op=self.op, call=self.call)

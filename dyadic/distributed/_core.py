@@ -11,9 +11,14 @@ Each rank's local work runs in the CPU backend's shard kernels
 (``backends/cpu/_shard.pyx`` over ``backends/include/dyadic_shard.h``): the
 shard's top-k candidates, the merge / allocation / draw on the gathered
 candidates, the dense weights, the target summaries, validation and
-acceptance, the residual masses, the correction draw and the owner's search;
-CUDA tensors are copied to the host first.  The dense allocation's floors,
-remainders and radix histograms are NumPy on exact uint64 limbs.
+acceptance, the residual masses, the correction draw and the owner's search.
+A CUDA shard of a top-k propose or of verify stays on its GPU: the same
+functions of ``backends/cuda/cupy/shard.py`` (NVRTC over the same
+``dyadic_shard.h``) on CuPy arrays, the collectives on CUDA tensors
+(``_propose_device`` / ``_verify_device``; without CuPy, or with
+``DYADIC_DISTRIBUTED_HOST=1``, and for dense propose, it is copied to the
+host).  The dense allocation's floors, remainders and radix histograms are
+NumPy on exact uint64 limbs.
 
 Collectives of a successful call (a failed call adds one error round;
 docs/distributed.md says why each is needed):
@@ -37,6 +42,8 @@ in a call makes every rank raise the same error after the next collective
 collectives is caught by the call numbers of the next header.
 """
 
+import contextlib
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -341,10 +348,11 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     bias : this rank's slice of the bias ([n] or [B, n]), or None.
     vocab_offset, vocab_size : the slice's first global id and the full V.
     group : torch.distributed process group (default: the default group).
-    The local math runs in the CPU backend's shard kernels on the host
-    (there is no ``backend`` argument; CUDA tensors are copied to the host),
-    so the compiled CPU backend is required (``BackendUnavailable``
-    otherwise, on every rank).
+    The local math runs in the shard kernels (there is no ``backend``
+    argument): on the GPU for a CUDA tensor with ``top_k`` given when the
+    cuda backend (CuPy) loads, else in the CPU backend's kernels on the host
+    (CUDA tensors copied there), so the compiled CPU backend is required on
+    that path (``BackendUnavailable`` otherwise, on every rank).
     check : True or False (identical on every rank; checked).  True: the
         closing round also compares the sampled tokens and fails on every rank
         if ranks disagree.
@@ -365,6 +373,11 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     """
     comm = Comm(group, "propose")
     try:
+        dk = _device_kernels(local_logits) if top_k is not None else None
+        if dk is not None:
+            with _device_scope(dk[0], local_logits):
+                return _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size,
+                                       temperature, bias, top_k, policy, check)
         return _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bias,
                         top_k, policy, check)
     except BaseException as exc:
@@ -708,6 +721,11 @@ def verify(local_target, draft, q, keys, *, vocab_offset, vocab_size, group=None
     """
     comm = Comm(group, "verify")
     try:
+        dk = _device_kernels(local_target)
+        if dk is not None:
+            with _device_scope(dk[0], local_target):
+                return _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset,
+                                      vocab_size, greedy, check)
         return _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
                        check)
     except BaseException as exc:
@@ -790,6 +808,304 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
         red = comm.all_reduce(local, "max", then=closing)
         tokens[rows, draw_at[rows]] = red[rows]
     verdict = Verdict(_output(accepted, local_target), _output(tokens, local_target))
+    comm.close(tokens if check else None)
+    _finish(comm, "verify", batch, k1)
+    return verdict
+
+
+# ----------------------------------------------------------------------------- device
+
+def _device_kernels(x):
+    """(cupy, the CUDA shard kernels of backends/cuda/cupy/shard.py) when ``x`` is a CUDA
+    tensor and the cuda backend loads; None otherwise (the host kernels run, on a host
+    copy of a CUDA shard).  ``DYADIC_DISTRIBUTED_HOST=1`` forces the host kernels."""
+    if os.environ.get("DYADIC_DISTRIBUTED_HOST") == "1":
+        return None
+    if not (_arrays.is_torch(x) and x.device.type == "cuda"):
+        return None
+    try:
+        _backend.get("cuda")
+    except _backend.BackendUnavailable:
+        return None
+    from ..backends.cuda.cupy import runtime, shard
+    return runtime.cupy(), shard
+
+
+def _device_scope(cp, t):
+    """The tensor's device current, and CuPy's launches on torch's current stream of that
+    device (the stream the collectives and the caller's tensors are ordered on)."""
+    import torch
+
+    from ..backends.cuda.cupy import runtime
+    scope = contextlib.ExitStack()
+    scope.enter_context(cp.cuda.Device(t.device.index))
+    handle = torch.cuda.current_stream(t.device).cuda_stream
+    scope.enter_context(runtime.external_stream(handle))
+    return scope
+
+
+def _float_dev(cp, x, name):
+    """A CUDA float tensor as a C-contiguous CuPy float32 array (float16 / bfloat16
+    widened exactly by torch; the same memory for float32)."""
+    import torch
+    x = x.detach()
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.to(torch.float32)
+    elif x.dtype != torch.float32:
+        raise _arrays.unsupported_float(name, x)
+    return cp.ascontiguousarray(cp.asarray(x.contiguous()))
+
+
+def _float_any(cp, x, name):
+    """A float argument on the device: CUDA tensors stay there, host arrays are uploaded."""
+    if _arrays.is_torch(x) and x.device.type == "cuda":
+        return _float_dev(cp, x, name)
+    return cp.asarray(np.ascontiguousarray(_float_local(x, name)))
+
+
+def _up(cp, a, dtype=None):
+    """Host array -> C-contiguous CuPy array (an upload; nothing comes back)."""
+    return cp.asarray(np.ascontiguousarray(a if dtype is None else np.asarray(a, dtype=dtype)))
+
+
+def _out_dev(arr):
+    """A CuPy result as a torch CUDA tensor (the same memory)."""
+    import torch
+    return torch.from_dlpack(arr)
+
+
+def _raise_dev(cp, *statuses):
+    """The per-row status words of a stage (B int32 each, one read for all): the first
+    array with a non-zero row raises the unsharded call's error for its first row."""
+    host = cp.asnumpy(cp.stack(statuses)) if len(statuses) > 1 else [cp.asnumpy(statuses[0])]
+    for st in host:
+        _status.raise_for_status(st, lambda i: i)
+
+
+def _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size, temperature, bias,
+                    top_k, policy, check):
+    """Sparse propose with this rank's shard on the device (the host path's steps and
+    checks in the same order; the shard kernels of backends/cuda/cupy/shard.py)."""
+    cp, sk = dk
+    code = _validate.policy(policy)
+    check = _validate.check_mode(check)
+    x = _float_dev(cp, local_logits, "logits")
+    if x.ndim != 2:
+        raise ValueError(f"logits: expected the local shape [B, n], got {tuple(x.shape)}")
+    batch, n = x.shape
+    off, v = _offset_size(vocab_offset, vocab_size, n)
+    b2 = None
+    if bias is not None:
+        b = _float_any(cp, bias, "bias")
+        if tuple(b.shape[-1:]) != (n,):
+            raise ValueError(f"bias: last dimension {tuple(b.shape[-1:])} does not match the "
+                             f"local vocabulary slice {n}")
+        if b.ndim == 1:
+            b2 = b.reshape(1, n)
+        elif tuple(b.shape) == tuple(x.shape):
+            b2 = b
+        else:
+            raise ValueError(f"bias: shape {tuple(b.shape)} must be ({n},) or equal to logits' "
+                             f"{tuple(x.shape)}")
+        b2 = cp.ascontiguousarray(b2)
+    temp = _validate.temperature(temperature, batch, allow_zero=True)
+    width = _validate.top_k(top_k, v)
+    kb = _keys(keys, batch)
+    comm.on_device(cp)
+    hdr = comm.header(off, n, [v, batch, width, code, b2 is not None, _crc(temp), _crc(*kb),
+                               check])
+    order, _ = _layout(hdr, _PROPOSE_FIELDS)
+    greedy = temp == 0
+    ncol = 3 if b2 is not None else 2
+    closing = close_plan(batch if check else 0)
+    comm.plan(gather_plan((batch, 1 + width * ncol), np.int32))
+
+    t_eff = _up(cp, np.where(greedy, 1.0, temp), np.float64)
+    greedy_u8 = _up(cp, greedy, np.uint8)
+    seed, gen, rnd, pos = (_up(cp, a) for a in kb)
+    payload = cp.empty((batch, 1 + width * ncol), dtype=np.int32)
+    sk.topk(x, b2, t_eff, greedy_u8, width, off, v, payload)
+    g = cp.ascontiguousarray(comm.all_gather(payload, then=closing)[order])
+    # merge, allocation and draw: identical on every rank
+    tokens = cp.empty(batch, dtype=np.int32)
+    counts = cp.empty((batch, width), dtype=np.uint32)
+    ids = cp.empty((batch, width), dtype=np.int32)
+    status = cp.empty(batch, dtype=np.int32)
+    alloc_status = cp.empty(batch, dtype=np.int32)
+    sk.merge(g, b2 is not None, width, t_eff, greedy_u8, code, v, width, seed, gen, rnd, pos,
+             tokens, counts, ids, status, alloc_status)
+    _raise_dev(cp, status, alloc_status)
+    q = trusted_dyadic(_out_dev(counts), _out_dev(ids), v, _POLICY_NAMES[code])
+    out = _out_dev(tokens)
+    comm.close(tokens if check else None)
+    _finish(comm, "propose", batch, 1)
+    return out, q
+
+
+def _shard_counts_dev(cp, counts, name):
+    """A DyadicShard's counts on the device (CUDA tensor: the same memory; host: uploaded),
+    checked by the row rules of _shard_rows (one read of the per-row flags)."""
+    if _arrays.is_torch(counts) and counts.device.type == "cuda":
+        import torch
+        if counts.ndim < 1:
+            raise ValueError(f"{name}: expected shape [..., n], got a scalar")
+        if counts.dtype != torch.uint32:
+            raise TypeError(f"{name}: dtype {_arrays.dtype_name(counts)}; expected uint32")
+        c = cp.ascontiguousarray(cp.asarray(counts.detach().contiguous()))
+        if c.size:
+            rows = c.reshape(-1, c.shape[-1])
+            flags = cp.asnumpy(cp.stack([(rows > TOTAL).any(axis=1),
+                                         rows.astype(np.uint64).sum(axis=1) > TOTAL]))
+            _first_bad(flags[0], name, "each count must be <= 2**24")
+            _first_bad(flags[1], name, "the shard's counts sum to more than 2**24")
+        return c
+    c = _int_local(counts, name)
+    _shard_rows(c, name)
+    return _up(cp, c)
+
+
+def _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
+                   check):
+    """verify with this rank's shard on the device (the host path's steps and checks in
+    the same order; the shard kernels of backends/cuda/cupy/shard.py).  Replicated
+    arguments (draft, a replicated q, greedy, keys) are read on the host for the
+    header's CRC32s, and uploaded."""
+    cp, sk = dk
+    check = _validate.check_mode(check)
+    _validate.target_dtype(local_target)
+    t = cp.ascontiguousarray(cp.asarray(local_target.detach().contiguous()))
+    if t.ndim != 3:
+        raise ValueError(f"target: expected the local shape [B, k+1, n], got {tuple(t.shape)}")
+    batch, k1, n = t.shape
+    if k1 < 1:
+        raise ValueError("target: needs k+1 >= 1 rows per request")
+    off, v = _offset_size(vocab_offset, vocab_size, n)
+    d = _int_local(draft, "draft")
+    if d.shape != (batch, k1 - 1):
+        raise ValueError(f"draft: shape {d.shape} must be (B, k) = {(batch, k1 - 1)} to match "
+                         f"target")
+    bad = ((d < 0) | (d >= v)).any(axis=1) if d.size else np.zeros(batch, bool)
+    if bad.any():
+        raise ValueError(f"draft: row {int(np.flatnonzero(bad)[0])}: token ids must be in "
+                         f"[0, {v})")
+    d = np.ascontiguousarray(d.astype(np.int64))
+    qkind, qc, qi, qdev = 0, None, None, None
+    if isinstance(q, DyadicShard):
+        qdev = _shard_counts_dev(cp, q.counts, "q.counts")
+        if (tuple(qdev.shape) != (batch, k1 - 1, n) or q.vocab_offset != off
+                or q.vocab_size != v):
+            raise ValueError(f"q: shard shape {tuple(qdev.shape)} / offset {q.vocab_offset} / "
+                             f"vocab_size {q.vocab_size} must be {(batch, k1 - 1, n)} / {off} / "
+                             f"{v}")
+        qkind = 3
+    elif isinstance(q, Dyadic):
+        if q.batch_shape != (batch, k1 - 1):
+            raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = "
+                             f"{(batch, k1 - 1)}")
+        if q.vocab_size != v:
+            raise ValueError(f"q: vocab_size {q.vocab_size} does not match {v}")
+        qc = _int_local(q.counts, "q.counts")
+        qkind = 2
+        if q.ids is not None:
+            qi = _int_local(q.ids, "q.ids")
+            qkind = 1
+    elif q is not None:
+        raise TypeError(f"q: expected a dyadic.Dyadic, a dyadic.distributed.DyadicShard or None "
+                        f"(point-mass q), got {type(q).__name__}")
+    if greedy is None:
+        g = np.zeros(batch, dtype=bool)
+    else:
+        g = _arrays.bool_to_numpy(greedy, "greedy")
+        if g.shape != (batch,):
+            raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({batch},)")
+    kb = _keys(keys, batch, extra=k1 - 1)
+    if qc is not None:
+        qc = np.ascontiguousarray(qc, dtype=np.uint32)
+    if qi is not None:
+        qi = np.ascontiguousarray(qi, dtype=np.int32)
+    comm.on_device(cp)
+    qrep = None if qkind in (0, 3) else (qc, qi)
+    hdr = comm.header(off, n, [v, batch, k1, qkind, _crc(d), _crc(*(qrep or (None,))), _crc(g),
+                               _crc(*kb), check])
+    order, _ = _layout(hdr, _VERIFY_FIELDS)
+    k = k1 - 1
+    live = not g.all()
+    closing = close_plan(batch * k1 if check else 0)
+    comm.plan(gather_plan((batch, k1, 9)))
+
+    # round 1: per (row, position) exact summaries of this shard
+    d_dev = _up(cp, d)
+    g8 = _up(cp, g, np.uint8)
+    seed, gen, rnd, pos = (_up(cp, a) for a in kb)
+    f = cp.empty((batch, k1, 9), dtype=np.int64)
+    status = cp.empty(batch, dtype=np.int32)
+    sk.target_summary(t, d_dev, qdev if qkind == 3 else None, g8, off, v, f, status)
+    _raise_dev(cp, status)
+    gf = cp.ascontiguousarray(
+        comm.all_gather(f, then=gather_plan((batch, 3)) if live else closing)[order])
+
+    if qkind == 3:
+        qsum = gf[:, :, :k, 8].sum(axis=0)
+        badq = cp.asnumpy(qsum != TOTAL)
+        if badq.any():
+            b0, i0 = (int(z) for z in np.argwhere(badq)[0])
+            raise ValueError(f"q.counts: row {b0 * k + i0}: counts must sum to exactly 2**24 "
+                             f"over the shards (they sum to {int(qsum[b0, i0])})")
+        cd = cp.ascontiguousarray(gf[:, :, :k, 7].sum(axis=0).astype(np.uint32))
+    else:  # a replicated q (or none): q(d) from the host copies the header hashed
+        cd = _up(cp, _q_at_drafts(qkind, qc, qi, d, None), np.uint32)
+    # validation and acceptance: pure functions of (T, P_d, c_d, argmax, keys) that every
+    # rank now holds (the acceptance of a row that fails validation is not used)
+    total = cp.empty((batch, k1), dtype=np.uint64)
+    pd = cp.empty((batch, k), dtype=np.uint64)
+    best = cp.empty((batch, k1), dtype=np.int32)
+    status_acc = cp.empty(batch, dtype=np.int32)
+    sk.verify_check(gf, cd, g8, total, pd, best, status)
+    accepted = cp.empty(batch, dtype=np.int32)
+    tokens = cp.empty((batch, k1), dtype=np.int32)
+    draw_at = cp.empty(batch, dtype=np.int32)
+    sk.verify_accept(d_dev, cd, total, pd, best, g8, seed, gen, rnd, pos, accepted, tokens,
+                     draw_at, status_acc)
+    _raise_dev(cp, status, status_acc)
+
+    if live:
+        # round 2: this shard's exact mass of the distribution to draw from
+        if qkind == 0:  # point mass at the draft: the sparse row (d, 2**24)
+            qargs = (None, 0, cp.full((batch, k, 1), TOTAL, dtype=np.uint32),
+                     cp.ascontiguousarray(d_dev[..., None].astype(np.int32)))
+        elif qkind == 3:
+            qargs = (qdev, 0, None, None)
+        elif qkind == 2:
+            qargs = (_up(cp, qc), off, None, None)
+        else:
+            qargs = (None, 0, _up(cp, qc), _up(cp, qi))
+        mass = cp.empty((batch, 3), dtype=np.int64)
+        sk.residual_mass(t, draw_at, *qargs, off, total, mass)
+        gm = cp.ascontiguousarray(
+            comm.all_gather(mass, then=reduce_plan((batch,), "max"))[order])
+        # X = uniform_below(total mass) and its owner: the first shard whose cumulative
+        # mass exceeds X (a zero-mass shard never does); the same on every rank
+        owner = cp.empty(batch, dtype=np.int32)
+        rel_hi = cp.empty(batch, dtype=np.uint64)
+        rel_lo = cp.empty(batch, dtype=np.uint64)
+        sk.correction_pick(gm, draw_at, seed, gen, rnd, pos, owner, rel_hi, rel_lo, status)
+        flags = cp.asnumpy(cp.stack([status, (owner == -2).astype(np.int32)]))
+        if flags[1].any():  # the reference's uniform_below refuses n = 0 the same way
+            raise ValueError("uniform_below: n=0 out of range [1, 2**128)")
+        _status.raise_for_status(flags[0], lambda i: i)
+        ranks = _up(cp, order, np.int64)[cp.maximum(owner, 0)]
+        mine = cp.where((owner >= 0) & (ranks == comm.rank), draw_at, -1).astype(np.int32)
+        local = cp.empty(batch, dtype=np.int64)
+        sk.residual_find(t, mine, *qargs, off, total, rel_hi, rel_lo, local)
+        if bool(((mine >= 0) & (local < 0)).any()):
+            raise AssertionError("dyadic.distributed: internal error: draw beyond the "
+                                 "shard's mass")
+        # round 3: the owner's token to everyone
+        red = comm.all_reduce(local, "max", then=closing)
+        rows = cp.arange(batch)
+        at = cp.maximum(draw_at, 0)
+        tokens[rows, at] = cp.where(draw_at >= 0, red.astype(np.int32), tokens[rows, at])
+    verdict = Verdict(_out_dev(accepted), _out_dev(tokens))
     comm.close(tokens if check else None)
     _finish(comm, "verify", batch, k1)
     return verdict

@@ -2,11 +2,17 @@
 
     python -m dyadic.distributed.bench [--world 2 4] [--vocab 129280] [--batch 8]
     python -m dyadic.distributed.bench --dist nccl --world 2   # one process per GPU
+    python -m dyadic.distributed.bench --dist gloo --shards cuda --world 2   # one GPU
 
 Each rank is a spawned process on 127.0.0.1 (gloo: CPU tensors; nccl: rank r
-on cuda:r with its shard as a CUDA tensor); the unsharded baseline is
+on cuda:r with its shard as a CUDA tensor; gloo with ``--shards cuda``: every
+rank's shard a CUDA tensor on GPU 0, the collectives' tensors on the device
+too).  CUDA shards take the device path (the CUDA shard kernels);
+``--host-kernels`` sets DYADIC_DISTRIBUTED_HOST=1 in the ranks, so they are
+copied to the host and the CPU shard kernels run (the comparison).  Dense
+propose runs on the host either way.  The unsharded baseline is
 ``dyadic.propose`` / ``dyadic.verify`` on the full vocabulary in one process
-(backend ``cpu``, and with ``--dist nccl`` also ``cuda`` on one GPU).  Times are medians per call divided by the
+(backend ``cpu``, and with CUDA shards also ``cuda`` on one GPU).  Times are medians per call divided by the
 positions in the call (B for propose, B * (k+1) for verify).
 """
 
@@ -41,8 +47,8 @@ def _time(fn, reps):
     return statistics.median(ts)
 
 
-def _synced(fn, dist_backend):
-    if dist_backend != "nccl":
+def _synced(fn, on_gpu):
+    if not on_gpu:
         return fn
     import torch
 
@@ -59,7 +65,12 @@ def _cases(v, b, k):
             ("verify k=5 sparse q", "verify", {}, b * (k + 1))]
 
 
-def _worker(rank, world, port, v, b, k, reps, queue, dist_backend="gloo"):
+def _worker(rank, world, port, v, b, k, reps, queue, dist_backend="gloo", shards="host",
+            host_kernels=False):
+    import os
+
+    if host_kernels:
+        os.environ["DYADIC_DISTRIBUTED_HOST"] = "1"
     import torch
     import torch.distributed as dist
 
@@ -67,27 +78,28 @@ def _worker(rank, world, port, v, b, k, reps, queue, dist_backend="gloo"):
     import dyadic.distributed as dd
 
     torch.set_num_threads(1)
-    if dist_backend == "nccl":
-        torch.cuda.set_device(rank)
+    on_gpu = dist_backend == "nccl" or shards == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(rank if dist_backend == "nccl" else 0)
     dist.init_process_group(dist_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     logits, target, draft, q = _inputs(v, b, k)
-    if dist_backend == "nccl":
+    if on_gpu:
         logits, target = torch.from_numpy(logits).cuda(), torch.from_numpy(target).cuda()
     lo, hi = v * rank // world, v * (rank + 1) // world
     keys = dyadic.Keys(seed=11, position=7)
     out = []
     for name, op, kw, positions in _cases(v, b, k):
         if op == "propose":
-            x = logits[:, lo:hi].contiguous() if dist_backend == "nccl" else \
+            x = logits[:, lo:hi].contiguous() if on_gpu else \
                 np.ascontiguousarray(logits[:, lo:hi])
             fn = lambda: dd.propose(x, keys, vocab_offset=lo, vocab_size=v, **kw)  # noqa: E731
         else:
-            t = target[..., lo:hi].contiguous() if dist_backend == "nccl" else \
+            t = target[..., lo:hi].contiguous() if on_gpu else \
                 np.ascontiguousarray(target[..., lo:hi])
             fn = lambda: dd.verify(t, draft, q, keys, vocab_offset=lo, vocab_size=v)  # noqa: E731
         dist.barrier()
-        sec = _time(_synced(fn, dist_backend), reps)
+        sec = _time(_synced(fn, on_gpu), reps)
         st = dd.last_exchange
         out.append((name, sec / positions, st.bytes_sent / positions, st.collectives))
     queue.put((rank, out))
@@ -107,15 +119,24 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dist", choices=["gloo", "nccl"], default="gloo",
                     help="torch.distributed backend (nccl: one process per GPU)")
+    ap.add_argument("--shards", choices=["host", "cuda"], default="host",
+                    help="gloo: the ranks' shards as NumPy arrays (host) or CUDA tensors on "
+                         "GPU 0 (nccl: always CUDA tensors, one GPU per rank)")
+    ap.add_argument("--host-kernels", action="store_true",
+                    help="CUDA shards copied to the host for the CPU shard kernels "
+                         "(DYADIC_DISTRIBUTED_HOST=1 in the ranks)")
     a = ap.parse_args(argv)
     v, b, k = a.vocab, a.batch, a.k
+    on_gpu = a.dist == "nccl" or a.shards == "cuda"
     avail = dyadic.available_backends()
     baselines = ["cpu" if "cpu" in avail else "reference"]
-    if a.dist == "nccl" and "cuda" in avail:
+    if on_gpu and "cuda" in avail:
         baselines.append("cuda")
     logits, target, draft, q = _inputs(v, b, k)
     keys = dyadic.Keys(seed=11, position=7)
-    print(f"V={v} B={b} k={k}; dist={a.dist}; times are per position (median of {a.reps})")
+    print(f"V={v} B={b} k={k}; dist={a.dist}; shards={'cuda' if on_gpu else 'host'}"
+          f"{' (host kernels)' if a.host_kernels else ''}; times are per position "
+          f"(median of {a.reps})")
     print(f"{'case':28s} {'ranks':>12s} {'us/pos':>10s} {'B sent/rank/pos':>16s} {'collectives':>11s}")
     for base in baselines:
         lg, tg = logits, target
@@ -127,7 +148,7 @@ def main(argv=None):
                 fn = lambda: dyadic.propose(lg, keys, backend=base, **kw)  # noqa: E731
             else:
                 fn = lambda: dyadic.verify(tg, draft, q, keys, backend=base)  # noqa: E731
-            fn = _synced(fn, "nccl" if base == "cuda" else "gloo")
+            fn = _synced(fn, base == "cuda")
             try:
                 us = f"{1e6 * _time(fn, a.reps) / positions:10.1f}"
             except Exception as exc:  # noqa: BLE001 - a baseline failure must not hide the rest
@@ -140,7 +161,8 @@ def main(argv=None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, v, b, k, a.reps, queue, a.dist))
+        procs = [ctx.Process(target=_worker, args=(r, world, port, v, b, k, a.reps, queue, a.dist,
+                                                   a.shards, a.host_kernels))
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -33,10 +33,30 @@ def _splits(v, world, rng, permute):
     return res
 
 
+# How a rank's shard reaches dyadic.distributed: NumPy (default), or CUDA tensors on the
+# current GPU (worker(device="cuda-shard"): the device path of the shard kernels).  With
+# CHECK_BACKEND set (worker(device="cuda-shard")), every case that succeeds is also
+# compared with the unsharded call on that backend.
+_LOCAL = [None]
+CHECK_BACKEND = [None]
+
+
+def _loc(a):
+    """This rank's slice as the sharded call receives it."""
+    a = np.ascontiguousarray(a)
+    return a if _LOCAL[0] is None else _LOCAL[0](a)
+
+
+def _host(a):
+    if hasattr(a, "detach"):  # torch (CPU or CUDA)
+        return a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
 def _digest(*arrays):
     h = hashlib.sha1()
     for a in arrays:
-        a = np.ascontiguousarray(np.asarray(a))
+        a = np.ascontiguousarray(_host(a))
         h.update(str((a.dtype.str, a.shape)).encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
@@ -99,26 +119,34 @@ def propose_cases(rank, world, rng_seed, backend, n_cases):
                             xm, keys, temperature=temp, bias=bias, top_k=top_k, policy=policy,
                             backend=backend)))
                         got = _outcome(lambda: _prop_digest(_gather_dense(dd.propose(
-                            np.ascontiguousarray(xm[:, lo:hi]), keys, vocab_offset=lo,
+                            _loc(xm[:, lo:hi]), keys, vocab_offset=lo,
                             vocab_size=v, temperature=temp,
-                            bias=None if bias is None else bias[lo:hi], top_k=top_k,
+                            bias=None if bias is None else _loc(bias[lo:hi]), top_k=top_k,
                             policy=policy), rank, world)))
                         results.append(got)
                         if got != exp:
                             fails.append(f"propose case {case} v={v} {kind} top_k={top_k} "
                                          f"{policy} split={split}: got {got} expected {exp}")
+                        if CHECK_BACKEND[0] and exp[0] == "ok":
+                            other = _outcome(lambda: _prop_digest(dyadic.propose(
+                                xm, keys, temperature=temp, bias=bias, top_k=top_k,
+                                policy=policy, backend=CHECK_BACKEND[0])))
+                            if got != other:
+                                fails.append(f"propose case {case} v={v} {kind} top_k={top_k} "
+                                             f"{policy} split={split}: got {got}, unsharded "
+                                             f"{CHECK_BACKEND[0]} {other}")
     return results, fails
 
 
 def _verdict(res):
-    return _digest(np.asarray(res.accepted), np.asarray(res.tokens)) + " acc=" + str(
-        np.asarray(res.accepted).tolist())
+    return _digest(_host(res.accepted), _host(res.tokens)) + " acc=" + str(
+        _host(res.accepted).tolist())
 
 
 def _prop_digest(res):
     tokens, q = res
     ids = q.ids if q.ids is not None else np.zeros(0)
-    return _digest(np.asarray(tokens), np.asarray(q.counts), np.asarray(ids))
+    return _digest(_host(tokens), _host(q.counts), _host(ids))
 
 
 def _gather_dense(res, rank, world):
@@ -133,7 +161,7 @@ def _gather_dense(res, rank, world):
     if not isinstance(q, dd.DyadicShard):
         return tokens, q
     parts = [None] * world
-    dist.all_gather_object(parts, (q.vocab_offset, np.asarray(q.counts)))
+    dist.all_gather_object(parts, (q.vocab_offset, _host(q.counts)))
     parts.sort(key=lambda p: p[0])
     full = np.concatenate([p[1] for p in parts], axis=-1)
     return tokens, dyadic.Dyadic(full, None, vocab_size=q.vocab_size, policy=q.policy)
@@ -197,15 +225,22 @@ def verify_cases(rank, world, rng_seed, backend, n_cases):
                     lo, hi = split[rank]
                     qloc = qd
                     if qmode == "shard":
-                        qloc = dd.DyadicShard(np.ascontiguousarray(np.asarray(qd.counts)[..., lo:hi]),
-                                              lo, v)
+                        qloc = dd.DyadicShard(_loc(np.asarray(qd.counts)[..., lo:hi]), lo, v)
                     got = _outcome(lambda: _verdict(dd.verify(
-                        np.ascontiguousarray(target[..., lo:hi]), draft, qloc, keys,
+                        _loc(target[..., lo:hi]), draft, qloc, keys,
                         vocab_offset=lo, vocab_size=v, greedy=greedy)))
                     results.append(got)
                     if got != exp:
                         fails.append(f"verify case {case} v={v} {tkind} {qmode} split={split}: "
                                      f"got {got} expected {exp}")
+                    if CHECK_BACKEND[0] and exp[0] == "ok":
+                        other = _outcome(lambda: _verdict(dyadic.verify(
+                            target, draft, qd, keys, greedy=greedy,
+                            backend=CHECK_BACKEND[0])))
+                        if got != other:
+                            fails.append(f"verify case {case} v={v} {tkind} {qmode} "
+                                         f"split={split}: got {got}, unsharded "
+                                         f"{CHECK_BACKEND[0]} {other}")
     return results, fails
 
 
@@ -221,26 +256,26 @@ def error_cases(rank, world, backend):
     keys = dyadic.Keys(seed=1)
     # structural error on the last rank only: a bias of the wrong length
     bias = np.zeros(hi - lo + (1 if rank == world - 1 else 0), np.float32)
-    out.append(_outcome(lambda: dd.propose(x[:, lo:hi], keys, vocab_offset=lo, vocab_size=v,
+    out.append(_outcome(lambda: dd.propose(_loc(x[:, lo:hi]), keys, vocab_offset=lo, vocab_size=v,
                                            bias=bias)))
     # a wrong offset on rank 0: slices do not tile
-    out.append(_outcome(lambda: dd.propose(x[:, lo:hi], keys, vocab_offset=lo + (rank == 0),
+    out.append(_outcome(lambda: dd.propose(_loc(x[:, lo:hi]), keys, vocab_offset=lo + (rank == 0),
                                            vocab_size=v)))
     # keys that differ on one rank
-    out.append(_outcome(lambda: dd.propose(x[:, lo:hi], dyadic.Keys(seed=1 + (rank == 1)),
+    out.append(_outcome(lambda: dd.propose(_loc(x[:, lo:hi]), dyadic.Keys(seed=1 + (rank == 1)),
                                            vocab_offset=lo, vocab_size=v)))
     # a data error only the last rank sees
     xl = x[:, lo:hi].copy()
     if rank == world - 1:
         xl[1, -1] = np.nan
-    out.append(_outcome(lambda: dd.propose(xl, keys, vocab_offset=lo, vocab_size=v)))
+    out.append(_outcome(lambda: dd.propose(_loc(xl), keys, vocab_offset=lo, vocab_size=v)))
     # verify: a target dtype error on rank 0 only
     t = np.full((2, 2, v), 1.0 / v, np.float32)
     tl = t[..., lo:hi].astype(np.float64 if rank == 0 else np.float32)
-    out.append(_outcome(lambda: dd.verify(tl, np.zeros((2, 1), np.int64), None, keys,
+    out.append(_outcome(lambda: dd.verify(_loc(tl), np.zeros((2, 1), np.int64), None, keys,
                                           vocab_offset=lo, vocab_size=v)))
     # the call after failures still works (no collective left dangling)
-    out.append(_outcome(lambda: _digest(dd.propose(x[:, lo:hi], keys, vocab_offset=lo,
+    out.append(_outcome(lambda: _digest(dd.propose(_loc(x[:, lo:hi]), keys, vocab_offset=lo,
                                                    vocab_size=v)[0])))
     return out
 
@@ -254,6 +289,10 @@ def worker(rank, world, port, backend, queue, n_cases, device):
     try:
         if device == "cuda":
             torch.cuda.set_device(rank)
+        if device == "cuda-shard":  # gloo ranks sharing one GPU, shards as CUDA tensors
+            torch.cuda.set_device(0)
+            _LOCAL[0] = lambda a: torch.from_numpy(a).cuda()
+            CHECK_BACKEND[0] = "cuda"
         dist.init_process_group("nccl" if device == "cuda" else "gloo",
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
@@ -262,8 +301,13 @@ def worker(rank, world, port, backend, queue, n_cases, device):
         errs = error_cases(rank, world, backend)
         import dyadic.distributed as dd
         stats = dd.last_exchange
+        on_device = None
+        if device == "cuda-shard":  # whether the device path served the CUDA shards
+            from dyadic.distributed import _core
+            on_device = _core._device_kernels(torch.zeros(1, device="cuda")) is not None
         queue.put((rank, "done", {"propose": res_p, "verify": res_v, "errors": errs,
-                                  "fails": fail_p + fail_v, "stats": repr(stats)}))
+                                  "fails": fail_p + fail_v, "stats": repr(stats),
+                                  "on_device": on_device}))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent test
         queue.put((rank, "crash", traceback.format_exc()))
