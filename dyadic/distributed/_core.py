@@ -15,9 +15,8 @@ acceptance, the residual masses, the correction draw and the owner's search.
 A CUDA shard of a top-k propose or of verify stays on its GPU: the same
 functions of ``backends/cuda/cupy/shard.py`` (NVRTC over the same
 ``dyadic_shard.h``) on CuPy arrays, the collectives on CUDA tensors
-(``_propose_device`` / ``_verify_device``; without CuPy, or with
-``DYADIC_DISTRIBUTED_HOST=1``, and for dense propose, it is copied to the
-host).  The dense allocation's floors, remainders and radix histograms are
+(``_propose_device`` / ``_verify_device``; without CuPy, and for dense
+propose, it is copied to the host).  The dense allocation's floors, remainders and radix histograms are
 NumPy on exact uint64 limbs.
 
 Collectives of a successful call (a failed call adds one error round;
@@ -43,7 +42,6 @@ collectives is caught by the call numbers of the next header.
 """
 
 import contextlib
-import os
 import zlib
 from dataclasses import dataclass
 
@@ -818,9 +816,7 @@ def _verify(comm, local_target, draft, q, keys, vocab_offset, vocab_size, greedy
 def _device_kernels(x):
     """(cupy, the CUDA shard kernels of backends/cuda/cupy/shard.py) when ``x`` is a CUDA
     tensor and the cuda backend loads; None otherwise (the host kernels run, on a host
-    copy of a CUDA shard).  ``DYADIC_DISTRIBUTED_HOST=1`` forces the host kernels."""
-    if os.environ.get("DYADIC_DISTRIBUTED_HOST") == "1":
-        return None
+    copy of a CUDA shard)."""
     if not (_arrays.is_torch(x) and x.device.type == "cuda"):
         return None
     try:

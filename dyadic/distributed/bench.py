@@ -8,8 +8,8 @@ Each rank is a spawned process on 127.0.0.1 (gloo: CPU tensors; nccl: rank r
 on cuda:r with its shard as a CUDA tensor; gloo with ``--shards cuda``: every
 rank's shard a CUDA tensor on GPU 0, the collectives' tensors on the device
 too).  CUDA shards take the device path (the CUDA shard kernels);
-``--host-kernels`` sets DYADIC_DISTRIBUTED_HOST=1 in the ranks, so they are
-copied to the host and the CPU shard kernels run (the comparison).  Dense
+``--host-kernels`` measures the fallback route instead (the ranks copy CUDA
+shards to the host and run the CPU shard kernels, as without CuPy).  Dense
 propose runs on the host either way.  The unsharded baseline is
 ``dyadic.propose`` / ``dyadic.verify`` on the full vocabulary in one process
 (backend ``cpu``, and with CUDA shards also ``cuda`` on one GPU).  Times are medians per call divided by the
@@ -67,15 +67,15 @@ def _cases(v, b, k):
 
 def _worker(rank, world, port, v, b, k, reps, queue, dist_backend="gloo", shards="host",
             host_kernels=False):
-    import os
-
-    if host_kernels:
-        os.environ["DYADIC_DISTRIBUTED_HOST"] = "1"
     import torch
     import torch.distributed as dist
 
     import dyadic
     import dyadic.distributed as dd
+
+    if host_kernels:  # the fallback route measured: CUDA shards copied to the host
+        from dyadic.distributed import _core
+        _core._device_kernels = lambda x: None
 
     torch.set_num_threads(1)
     on_gpu = dist_backend == "nccl" or shards == "cuda"
@@ -124,7 +124,7 @@ def main(argv=None):
                          "GPU 0 (nccl: always CUDA tensors, one GPU per rank)")
     ap.add_argument("--host-kernels", action="store_true",
                     help="CUDA shards copied to the host for the CPU shard kernels "
-                         "(DYADIC_DISTRIBUTED_HOST=1 in the ranks)")
+                         "(the route taken without CuPy)")
     a = ap.parse_args(argv)
     v, b, k = a.vocab, a.batch, a.k
     on_gpu = a.dist == "nccl" or a.shards == "cuda"
