@@ -281,36 +281,6 @@ extern "C" __global__ void sh_merge(const int* __restrict__ g, int S, int B, int
   else alloc_status[b] = st;
 }
 
-/* ------------------------------------------------------------------ dense weights
- * w_v = weight_from_gap(zmax - z_v) (dy_shard_dense_weights, element by element);
- * grid (blocks per row, B); sums[b] (zeroed by the caller) += the block's limb sums. */
-extern "C" __global__ void __launch_bounds__(SH_THREADS)
-sh_dense_weights(const float* __restrict__ x, const float* __restrict__ bias, int has_bias,
-                 int bias_rows, const double* __restrict__ temperature,
-                 const double* __restrict__ zmax, const unsigned char* __restrict__ rows, u32 n,
-                 u64* __restrict__ w, u64* __restrict__ sums) {
-  __shared__ u64 red[SH_WARPS + 1];
-  const int b = blockIdx.y;
-  const float* xr = x + (i64)b * n;
-  const float* br = has_bias ? bias + (i64)(bias_rows > 1 ? b : 0) * n : (const float*)0;
-  const int on = rows[b] != 0;
-  const double temp = temperature[b], zm = zmax[b];
-  u64 hi = 0, lo = 0;
-  for (u32 v = blockIdx.x * SH_THREADS + threadIdx.x; v < n; v += gridDim.x * SH_THREADS) {
-    u64 wv = 0;
-    if (on) wv = dy_weight_from_gap(zm - dy_effective_logit(xr[v], br, v, temp));
-    w[(i64)b * n + v] = wv;
-    hi += wv >> 32;
-    lo += wv & 0xFFFFFFFFull;
-  }
-  hi = sh_sum64(hi, red);
-  lo = sh_sum64(lo, red);
-  if (threadIdx.x == 0 && on && (hi | lo)) {
-    atomicAdd((unsigned long long*)&sums[2 * b], (unsigned long long)hi);
-    atomicAdd((unsigned long long*)&sums[2 * b + 1], (unsigned long long)lo);
-  }
-}
-
 /* ------------------------------------------------------------------ target summary
  * dy_shard_target_summary of one (request, position) per block (grid B * (k+1)):
  * f int64 [B, k+1, 9]; st int32 [B, k+1] (the caller keeps each row's first non-zero). */
