@@ -189,8 +189,7 @@ DC_FN bool lg_surv(u64 w, u64 mpw) { return w && (w << DY_TOTAL_BITS) >= mpw; }
 
 /* P_v of the processed target (0 off the kept set); the weight is computed only for
  * a token before both cuts. */
-DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v, LgTab tab = LG_GTAB) {
-  const u32 xb = lg_bits(r, v);
+DC_FN u64 lg_p_of(const LgRow& r, const LgCut& c, int v, u32 xb, LgTab tab = LG_GTAB) {
   const int s = lg_slot(xb, r.e0);
   if (s >= 0) {
     const u64 w = lg_tab_w(r.tab)[s];
@@ -203,6 +202,37 @@ DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v, LgTab tab = LG_GTAB) {
   if (!lg_before(key, v, c.kkey, c.kid) || !lg_before(key, v, c.pkey, c.pid)) return 0;
   const u64 w = dy_weight_from_gap_tab(c.zmax - z, tab);
   return lg_surv(w, c.mpw) ? w << c.s : 0;
+}
+
+DC_FN u64 lg_p(const LgRow& r, const LgCut& c, int v, LgTab tab = LG_GTAB) {
+  return lg_p_of(r, c, v, lg_bits(r, v), tab);
+}
+
+#define LG_PTIE (~0ull)  /* a P-column entry whose key is a cut's: P depends on the id */
+
+/* The table's P column in shared memory: P of a token with that value, or LG_PTIE
+ * when its key equals a cut key (kept iff its id is at or before the cut id). */
+DC_FN void lg_load_pcol(const LgRow& r, const LgCut& c, u64* sp) {
+  if (r.e0 == LG_NOWIN) return;
+  const u64* tw = lg_tab_w(r.tab);
+  const u64* tk = lg_tab_key(r.tab);
+  for (int j = threadIdx.x; j < LG_TE; j += blockDim.x) {
+    const u64 w = __ldg(&tw[j]), key = __ldg(&tk[j]);
+    sp[j] = !w ? 0
+          : (key == c.kkey || key == c.pkey) ? LG_PTIE
+          : (key > c.kkey && key > c.pkey) ? w << c.s : 0;
+  }
+  __syncthreads();
+}
+
+/* lg_p_of with the P column of lg_load_pcol (the same value). */
+DC_FN u64 lg_p_col(const LgRow& r, const LgCut& c, int v, u32 xb, const u64* sp, LgTab tab) {
+  const int s = lg_slot(xb, r.e0);
+  if (s >= 0) {
+    const u64 p = sp[s];
+    if (p != LG_PTIE) return p;
+  }
+  return lg_p_of(r, c, v, xb, tab);
 }
 
 /* Exclusive block scan of one u64 per thread (thread order); *total = the sum. */
@@ -604,14 +634,19 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
   const int bucket = (int)rc[LG_BUCKET];
   const bool by_mass = stage == LG_RES_P;
   const u64* tkey = lg_tab_key(row.tab);
-  const u16* tbk = lg_tab_bucket(row.tab);
+  u16* sbk = (u16*)s32;  /* the table's bucket column, until the gather is done */
+  if (row.e0 != LG_NOWIN) {
+    const u16* tbk = lg_tab_bucket(row.tab);
+    for (int j = tid; j < LG_TE; j += 256) sbk[j] = __ldg(&tbk[j]);
+    __syncthreads();
+  }
   /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
   const int lo = t * tile, hi = min(V, lo + tile);
   lg_tile(row, lo, hi, [&](int v, u32 xb) {
     const int s = lg_slot(xb, row.e0);
     u64 key;
     if (s >= 0) {  /* a survivor in the bucket, from the table */
-      if (__ldg(&tbk[s]) != bucket) return;
+      if (sbk[s] != bucket) return;
       key = __ldg(&tkey[s]);
     } else {
       /* the bucket from the gap alone (W > 0 needs a gap below 32); the weight, for
@@ -625,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
     const u32 slot = atomicAdd(&cand_n[r], 1u);
     if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
   });
-  if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
+  if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;  /* (synchronises: s32 is free) */
   const u32 n = __ldcg(&cand_n[r]);
   const u64 need = rc[LG_NEED], base = rc[LG_BASE];
   const bool fits = n <= LG_CAP;
@@ -775,6 +810,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   __shared__ int is_last, snv, stile, sok;
   __shared__ dy_u128 sx;
   __shared__ uint64_t stab[4][256];
+  __shared__ u64 spc[LG_TE];  /* the row's P column (lg_load_pcol) */
   const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x;
   if (b >= B) return;
   const int i = res_row[b];
@@ -803,13 +839,14 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   }
   const int lo = tile * rt, hi = min(V, lo + rt);
   const bool dense = !r.bonus && r.qcr && !r.qir;
+  lg_load_pcol(r.row, r.c, spc);
   dy_u128 s = dy_make128(0, 0);
-  for (int v = lo + tid; v < hi; v += 256) {
-    const u64 P = lg_p(r.row, r.c, v, r.tab);
+  lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
+    const u64 P = lg_p_col(r.row, r.c, v, xb, spc, r.tab);
     s = dy_add128(s, dense ? dy_residual(P, r.qcr[v], r.T)
                            : (r.bonus ? dy_from64(P)
                                       : dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)));
-  }
+  });
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
     if (!r.qcr) {
       if (tid == 0 && r.d >= lo && r.d < hi) {
