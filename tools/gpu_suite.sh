@@ -20,7 +20,8 @@
 #           (comma-separated substrings, or =NAME for one case) picks cases
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
-#           dyadic/bench/gpu.py per side, then python -m dyadic.bench compare
+#           dyadic/bench/gpu.py per side (each pinned to CPU core $AB_CPU where set), then
+#           python -m dyadic.bench compare
 # Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run) so one
 # call fits a device lease; split the stages over calls where they do not.
 set -o pipefail
@@ -112,7 +113,7 @@ PY
   for i in $(seq ${AB_RUNS:-2}); do
     for side in old new; do
       stamp "A/B run $side$i"
-      PYTHONPATH=/tmp/ab/$side timeout ${AB_T:-150} python3 dyadic/bench/gpu.py \
+      PYTHONPATH=/tmp/ab/$side timeout ${AB_T:-150} ${AB_CPU:+taskset -c $AB_CPU} python3 dyadic/bench/gpu.py \
           --label $side$i --out "$OUT/ab" --reps ${AB_REPS:-100} --batch ${BATCH:-1,4,16,64} \
           --cases "${CASES:-}" \
           2>&1 | tail -3
