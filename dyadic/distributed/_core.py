@@ -287,32 +287,38 @@ def _finish(comm, op, rows, positions):
 # ----------------------------------------------------------------------------- propose
 
 def _prep_propose(local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k,
-                  policy, check):
+                  policy, check, cp=None):
+    """The checked arguments of a sharded propose, in the order of the unsharded call's
+    checks: the shard's logits (and bias) as C-contiguous float32 NumPy arrays, or with
+    ``cp`` (CuPy) on the device (a CUDA bias stays there, a host one is uploaded)."""
     code = _validate.policy(policy)
     check = _validate.check_mode(check)
-    x = _float_local(local_logits, "logits")
+    x = _float_local(local_logits, "logits") if cp is None else _float_dev(cp, local_logits,
+                                                                            "logits")
     if x.ndim != 2:
-        raise ValueError(f"logits: expected the local shape [B, n], got {x.shape}")
+        raise ValueError(f"logits: expected the local shape [B, n], got {tuple(x.shape)}")
     batch, n = x.shape
     off, v = _offset_size(vocab_offset, vocab_size, n)
     b2 = None
     if bias is not None:
-        b = _float_local(bias, "bias")
-        if b.shape[-1:] != (n,):
-            raise ValueError(f"bias: last dimension {b.shape[-1:]} does not match the local "
-                             f"vocabulary slice {n}")
+        b = _float_local(bias, "bias") if cp is None else _float_any(cp, bias, "bias")
+        if tuple(b.shape[-1:]) != (n,):
+            raise ValueError(f"bias: last dimension {tuple(b.shape[-1:])} does not match the "
+                             f"local vocabulary slice {n}")
         if b.ndim == 1:
             b2 = b.reshape(1, n)
-        elif b.shape == x.shape:
+        elif tuple(b.shape) == tuple(x.shape):
             b2 = b
         else:
-            raise ValueError(f"bias: shape {b.shape} must be ({n},) or equal to logits' "
-                             f"{x.shape}")
-        b2 = np.ascontiguousarray(b2)
+            raise ValueError(f"bias: shape {tuple(b.shape)} must be ({n},) or equal to logits' "
+                             f"{tuple(x.shape)}")
+        b2 = (np if cp is None else cp).ascontiguousarray(b2)
     temp = _validate.temperature(temperature, batch, allow_zero=True)
     width = _validate.top_k(top_k, v)
     kb = _keys(keys, batch)
-    return np.ascontiguousarray(x), b2, temp, code, width, kb, off, v, check
+    if cp is None:
+        x = np.ascontiguousarray(x)
+    return x, b2, temp, code, width, kb, off, v, check
 
 
 def _local_top(z, k):
@@ -608,12 +614,20 @@ def _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing):
 
 # ----------------------------------------------------------------------------- verify
 
-def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy, check):
+def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy, check,
+                 cp=None):
+    """The checked arguments of a sharded verify, in the order of the unsharded call's
+    checks: the shard's target (and a ``DyadicShard`` q's counts) as C-contiguous NumPy
+    arrays, or with ``cp`` (CuPy) on the device; the replicated arguments (draft, a
+    replicated q, greedy, keys) on the host either way (the header hashes them)."""
     check = _validate.check_mode(check)
     _validate.target_dtype(local_target)
-    t = _float_local(local_target, "target")
+    if cp is None:
+        t = np.ascontiguousarray(_float_local(local_target, "target"))
+    else:
+        t = cp.ascontiguousarray(cp.asarray(local_target.detach().contiguous()))
     if t.ndim != 3:
-        raise ValueError(f"target: expected the local shape [B, k+1, n], got {t.shape}")
+        raise ValueError(f"target: expected the local shape [B, k+1, n], got {tuple(t.shape)}")
     batch, k1, n = t.shape
     if k1 < 1:
         raise ValueError("target: needs k+1 >= 1 rows per request")
@@ -626,14 +640,23 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
     if bad.any():
         raise ValueError(f"draft: row {int(np.flatnonzero(bad)[0])}: token ids must be in "
                          f"[0, {v})")
-    d = d.astype(np.int64)
+    d = np.ascontiguousarray(d.astype(np.int64))
     qkind, qc, qi = 0, None, None
     if isinstance(q, DyadicShard):
-        qc = _int_local(q.counts, "q.counts")
-        if qc.shape != (batch, k1 - 1, n) or q.vocab_offset != off or q.vocab_size != v:
-            raise ValueError(f"q: shard shape {qc.shape} / offset {q.vocab_offset} / vocab_size "
-                             f"{q.vocab_size} must be {(batch, k1 - 1, n)} / {off} / {v}")
-        _shard_rows(qc, "q.counts")
+        on_dev = cp is not None and _arrays.is_torch(q.counts) and q.counts.device.type == "cuda"
+        qc = q.counts.detach() if on_dev else _int_local(q.counts, "q.counts")
+        if (tuple(qc.shape) != (batch, k1 - 1, n) or q.vocab_offset != off
+                or q.vocab_size != v):
+            raise ValueError(f"q: shard shape {tuple(qc.shape)} / offset {q.vocab_offset} / "
+                             f"vocab_size {q.vocab_size} must be {(batch, k1 - 1, n)} / {off} / "
+                             f"{v}")
+        if on_dev:
+            qc = _shard_rows_dev(cp, qc, "q.counts")
+        else:
+            _shard_rows(qc, "q.counts")
+            qc = np.ascontiguousarray(qc, dtype=np.uint32)
+            if cp is not None:
+                qc = _up(cp, qc)
         qkind = 3
     elif isinstance(q, Dyadic):
         if q.batch_shape != (batch, k1 - 1):
@@ -641,10 +664,10 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
                              f"{(batch, k1 - 1)}")
         if q.vocab_size != v:
             raise ValueError(f"q: vocab_size {q.vocab_size} does not match {v}")
-        qc = _int_local(q.counts, "q.counts")
+        qc = np.ascontiguousarray(_int_local(q.counts, "q.counts"), dtype=np.uint32)
         qkind = 2
         if q.ids is not None:
-            qi = _int_local(q.ids, "q.ids")
+            qi = np.ascontiguousarray(_int_local(q.ids, "q.ids"), dtype=np.int32)
             qkind = 1
     elif q is not None:
         raise TypeError(f"q: expected a dyadic.Dyadic, a dyadic.distributed.DyadicShard or None "
@@ -656,11 +679,7 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
         if g.shape != (batch,):
             raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({batch},)")
     kb = _keys(keys, batch, extra=k1 - 1)
-    if qc is not None:  # validated: counts in [0, 2**24], ids in [-1, V)
-        qc = np.ascontiguousarray(qc, dtype=np.uint32)
-    if qi is not None:
-        qi = np.ascontiguousarray(qi, dtype=np.int32)
-    return np.ascontiguousarray(t), np.ascontiguousarray(d), qkind, qc, qi, g, kb, off, v, check
+    return t, d, qkind, qc, qi, g, kb, off, v, check
 
 
 def _q_at_drafts(qkind, qc, qi, d, gf):
@@ -883,30 +902,10 @@ def _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size, temp
     """Sparse propose with this rank's shard on the device (the host path's steps and
     checks in the same order; the shard kernels of backends/cuda/cupy/shard.py)."""
     cp, sk = dk
-    code = _validate.policy(policy)
-    check = _validate.check_mode(check)
-    x = _float_dev(cp, local_logits, "logits")
-    if x.ndim != 2:
-        raise ValueError(f"logits: expected the local shape [B, n], got {tuple(x.shape)}")
+    x, b2, temp, code, width, kb, off, v, check = _prep_propose(
+        local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k, policy, check,
+        cp)
     batch, n = x.shape
-    off, v = _offset_size(vocab_offset, vocab_size, n)
-    b2 = None
-    if bias is not None:
-        b = _float_any(cp, bias, "bias")
-        if tuple(b.shape[-1:]) != (n,):
-            raise ValueError(f"bias: last dimension {tuple(b.shape[-1:])} does not match the "
-                             f"local vocabulary slice {n}")
-        if b.ndim == 1:
-            b2 = b.reshape(1, n)
-        elif tuple(b.shape) == tuple(x.shape):
-            b2 = b
-        else:
-            raise ValueError(f"bias: shape {tuple(b.shape)} must be ({n},) or equal to logits' "
-                             f"{tuple(x.shape)}")
-        b2 = cp.ascontiguousarray(b2)
-    temp = _validate.temperature(temperature, batch, allow_zero=True)
-    width = _validate.top_k(top_k, v)
-    kb = _keys(keys, batch)
     comm.on_device(cp)
     hdr = comm.header(off, n, [v, batch, width, code, b2 is not None, _crc(temp), _crc(*kb),
                                check])
@@ -938,26 +937,21 @@ def _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size, temp
     return out, q
 
 
-def _shard_counts_dev(cp, counts, name):
-    """A DyadicShard's counts on the device (CUDA tensor: the same memory; host: uploaded),
-    checked by the row rules of _shard_rows (one read of the per-row flags)."""
-    if _arrays.is_torch(counts) and counts.device.type == "cuda":
-        import torch
-        if counts.ndim < 1:
-            raise ValueError(f"{name}: expected shape [..., n], got a scalar")
-        if counts.dtype != torch.uint32:
-            raise TypeError(f"{name}: dtype {_arrays.dtype_name(counts)}; expected uint32")
-        c = cp.ascontiguousarray(cp.asarray(counts.detach().contiguous()))
-        if c.size:
-            rows = c.reshape(-1, c.shape[-1])
-            flags = cp.asnumpy(cp.stack([(rows > TOTAL).any(axis=1),
-                                         rows.astype(np.uint64).sum(axis=1) > TOTAL]))
-            _first_bad(flags[0], name, "each count must be <= 2**24")
-            _first_bad(flags[1], name, "the shard's counts sum to more than 2**24")
-        return c
-    c = _int_local(counts, name)
-    _shard_rows(c, name)
-    return _up(cp, c)
+def _shard_rows_dev(cp, counts, name):
+    """``_shard_rows`` of a DyadicShard's counts held as a CUDA tensor: the dtype, then the
+    row rules (one read of the per-row flags); returns them as a CuPy array (the same
+    memory where contiguous)."""
+    import torch
+    if counts.dtype != torch.uint32:
+        raise TypeError(f"{name}: dtype {_arrays.dtype_name(counts)}; expected uint32")
+    c = cp.ascontiguousarray(cp.asarray(counts.contiguous()))
+    if c.size:
+        rows = c.reshape(-1, c.shape[-1])
+        flags = cp.asnumpy(cp.stack([(rows > TOTAL).any(axis=1),
+                                     rows.astype(np.uint64).sum(axis=1) > TOTAL]))
+        _first_bad(flags[0], name, "each count must be <= 2**24")
+        _first_bad(flags[1], name, "the shard's counts sum to more than 2**24")
+    return c
 
 
 def _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
@@ -967,58 +961,10 @@ def _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset, vocab_s
     arguments (draft, a replicated q, greedy, keys) are read on the host for the
     header's CRC32s, and uploaded."""
     cp, sk = dk
-    check = _validate.check_mode(check)
-    _validate.target_dtype(local_target)
-    t = cp.ascontiguousarray(cp.asarray(local_target.detach().contiguous()))
-    if t.ndim != 3:
-        raise ValueError(f"target: expected the local shape [B, k+1, n], got {tuple(t.shape)}")
+    t, d, qkind, qc, qi, g, kb, off, v, check = _prep_verify(
+        local_target, draft, q, keys, vocab_offset, vocab_size, greedy, check, cp)
     batch, k1, n = t.shape
-    if k1 < 1:
-        raise ValueError("target: needs k+1 >= 1 rows per request")
-    off, v = _offset_size(vocab_offset, vocab_size, n)
-    d = _int_local(draft, "draft")
-    if d.shape != (batch, k1 - 1):
-        raise ValueError(f"draft: shape {d.shape} must be (B, k) = {(batch, k1 - 1)} to match "
-                         f"target")
-    bad = ((d < 0) | (d >= v)).any(axis=1) if d.size else np.zeros(batch, bool)
-    if bad.any():
-        raise ValueError(f"draft: row {int(np.flatnonzero(bad)[0])}: token ids must be in "
-                         f"[0, {v})")
-    d = np.ascontiguousarray(d.astype(np.int64))
-    qkind, qc, qi, qdev = 0, None, None, None
-    if isinstance(q, DyadicShard):
-        qdev = _shard_counts_dev(cp, q.counts, "q.counts")
-        if (tuple(qdev.shape) != (batch, k1 - 1, n) or q.vocab_offset != off
-                or q.vocab_size != v):
-            raise ValueError(f"q: shard shape {tuple(qdev.shape)} / offset {q.vocab_offset} / "
-                             f"vocab_size {q.vocab_size} must be {(batch, k1 - 1, n)} / {off} / "
-                             f"{v}")
-        qkind = 3
-    elif isinstance(q, Dyadic):
-        if q.batch_shape != (batch, k1 - 1):
-            raise ValueError(f"q: batch shape {q.batch_shape} must be (B, k) = "
-                             f"{(batch, k1 - 1)}")
-        if q.vocab_size != v:
-            raise ValueError(f"q: vocab_size {q.vocab_size} does not match {v}")
-        qc = _int_local(q.counts, "q.counts")
-        qkind = 2
-        if q.ids is not None:
-            qi = _int_local(q.ids, "q.ids")
-            qkind = 1
-    elif q is not None:
-        raise TypeError(f"q: expected a dyadic.Dyadic, a dyadic.distributed.DyadicShard or None "
-                        f"(point-mass q), got {type(q).__name__}")
-    if greedy is None:
-        g = np.zeros(batch, dtype=bool)
-    else:
-        g = _arrays.bool_to_numpy(greedy, "greedy")
-        if g.shape != (batch,):
-            raise ValueError(f"greedy: shape {g.shape} must be (B,) = ({batch},)")
-    kb = _keys(keys, batch, extra=k1 - 1)
-    if qc is not None:
-        qc = np.ascontiguousarray(qc, dtype=np.uint32)
-    if qi is not None:
-        qi = np.ascontiguousarray(qi, dtype=np.int32)
+    qdev = qc if qkind == 3 else None
     comm.on_device(cp)
     qrep = None if qkind in (0, 3) else (qc, qi)
     hdr = comm.header(off, n, [v, batch, k1, qkind, _crc(d), _crc(*(qrep or (None,))), _crc(g),
