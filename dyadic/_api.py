@@ -28,13 +28,6 @@ _TENSOR = [_NoTensor]  # torch.Tensor once torch is imported (never imported her
 _DEVICE = []  # [dyadic._device] once a GPU array was seen
 
 
-def _no_device_logits(what):
-    """allocate / propose with top_p, min_p or a per-row top_k have no GPU kernels."""
-    raise _backend.BackendUnavailable(
-        f"{what}: not available for GPU arrays (the cuda backend has no kernels for it); "
-        f"pass host arrays to backend 'cpu', 'reference' or 'numba'")
-
-
 def _gpu():
     """dyadic._device (imported on first use: it needs torch)."""
     if not _DEVICE:
@@ -162,7 +155,10 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
                 or (top_k is not None and type(top_k) is not int and _per_row(top_k)))
     if _on_device(backend, x):  # GPU path (dyadic/_device.py)
         if filtered:
-            _no_device_logits("allocate with top_p, min_p or a per-row top_k")
+            return _gpu().filtered(x, None, propose=False, logits=logits,
+                                   temperature=temperature, bias=bias, top_k=top_k,
+                                   top_p=top_p, min_p=min_p, policy=policy, backend=backend,
+                                   check=check, out=out)
         return _gpu().allocate(x, logits=logits, temperature=temperature, bias=bias,
                                top_k=top_k, policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)
@@ -303,7 +299,10 @@ def propose(logits, keys, *, temperature=1.0, bias=None, top_k=32, policy="stand
                 or (top_k is not None and type(top_k) is not int and _per_row(top_k)))
     if _on_device(backend, logits):  # GPU path (dyadic/_device.py)
         if filtered:
-            _no_device_logits("propose with top_p, min_p or a per-row top_k")
+            return _gpu().filtered(logits, keys, propose=True, logits=True,
+                                   temperature=temperature, bias=bias, top_k=top_k,
+                                   top_p=top_p, min_p=min_p, policy=policy, backend=backend,
+                                   check=check, out=out)
         return _gpu().propose(logits, keys, temperature=temperature, bias=bias, top_k=top_k,
                               policy=policy, backend=backend, check=check, out=out)
     code = _validate.policy(policy)

@@ -29,7 +29,9 @@ class Backend:
     per-request sampling parameters), ``has_logits_filters`` (``allocate_filtered``
     / ``propose_filtered``: allocation on the support kept by min-p, top-k and top-p),
     ``device_logits_verify`` (``verify_logits_runner``: verify from logits on device
-    arrays, dyadic._device), ``graph_capturable`` (check=False calls with device
+    arrays, dyadic._device), ``device_logits_filters`` (``alloc_runner(...,
+    filtered=True)``: allocate / propose with top_p / min_p / per-row top_k on device
+    arrays, a top-k support), ``graph_capturable`` (check=False calls with device
     keys and ``out=`` launch only kernels on the caller's stream: capturable in a
     CUDA graph).  The defaults here are the plain behaviour: a backend
     is a checklist of the kernels below.
@@ -41,6 +43,7 @@ class Backend:
     has_logits_verify = False
     has_logits_filters = False
     device_logits_verify = False
+    device_logits_filters = False
     graph_capturable = False
 
     def usable(self):
@@ -121,10 +124,17 @@ class Backend:
     # Runners: what dyadic._device's call plans call for device arrays, made once per
     # call configuration (on the call's device).  The defaults call the kernels above,
     # with the key fields through ``device_keys``.
-    def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose):
+    def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose, filtered=False):
         """``run(x, bias, temperature, keys, tokens, counts, ids, status)`` for allocate
         (``propose`` False: keys and tokens None) or propose calls of this shape (x
-        [batch, v] of ``x_dtype``, the torch dtype); ``keys`` the four key arrays."""
+        [batch, v] of ``x_dtype``, the torch dtype); ``keys`` the four key arrays.
+        ``filtered`` (only where ``device_logits_filters``; logits, ``top_k`` the sparse
+        width): ``run`` takes three more arguments, the rows' top_k (int64 [B], or None:
+        ``top_k`` for every row), top_p and min_p (float32 [B]), device tensors whose
+        values the kernels check (TOP_K_INVALID, TOP_P_INVALID, MIN_P_INVALID)."""
+        if filtered:
+            raise NotImplementedError(f"backend {self.name!r} has no top_p / min_p kernels "
+                                      f"for device arrays")
         if propose:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
                 self.propose(x, bias, temp, policy, top_k, *device_keys(keys), tokens, counts,

@@ -110,15 +110,16 @@ class _AllocPlan(_CallPlan):
 
     __slots__ = ("backend", "be", "dev", "batch_shape", "batch", "v", "code", "width",
                  "top_k", "policy", "logits", "propose", "temp", "allow_zero", "check",
-                 "specs", "kind", "direct", "run", "has_bias", "x_dtype")
+                 "specs", "kind", "direct", "run", "has_bias", "x_dtype", "filtered")
 
     def __init__(self, xt, logits, temperature, bias, top_k, policy, backend, check, kind,
-                 propose):
+                 propose, filtered=False):
         torch = _ga._TORCH
         name = "logits" if propose else "x"
         self.code = _validate.policy(policy)
         self.be = be = _backend.get(backend)
         self.backend, self.kind, self.check, self.propose = backend, kind, check, propose
+        self.filtered = filtered
         self.policy, self.logits, self.has_bias = policy, bool(logits), bias is not None
         batch_shape, v, self.direct = _ga._x_layout(xt, name, be)
         self.x_dtype = xt.dtype if be.reads_half_precision else torch.float32
@@ -148,10 +149,13 @@ class _AllocPlan(_CallPlan):
         self.run = None
 
     def make_run(self):
+        if self.filtered:
+            return self.be.alloc_runner(self.batch, self.v, self.x_dtype, self.top_k,
+                                        self.code, self.logits, self.propose, True)
         return self.be.alloc_runner(self.batch, self.v, self.x_dtype, self.top_k, self.code,
                                     self.logits, self.propose)
 
-    def __call__(self, xt, temperature, bias, keys, out):
+    def __call__(self, xt, temperature, bias, keys, out, filt=()):
         x2 = xt if self.direct and xt.is_contiguous() else _ga._x_flat(xt, self.v, self.be)
         temp = self.temp
         if temp is None:
@@ -169,7 +173,7 @@ class _AllocPlan(_CallPlan):
         if self.batch:
             tok = _ga._enter(self.backend, self.dev)
             try:
-                (self.run or self.runner())(x2, b2, temp, k, tokens, counts, ids, status)
+                (self.run or self.runner())(x2, b2, temp, k, tokens, counts, ids, status, *filt)
             finally:
                 if tok is not None:
                     _ga._leave(tok)
@@ -226,6 +230,49 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
         plan = _plan(key, _AllocPlan, xt, True, temperature, bias, top_k, policy, backend,
                      check, kind, True)
     return plan(xt, temperature, bias, keys, out)
+
+
+def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p, policy,
+             backend, check=True, out=None):
+    """allocate / propose with top_p, min_p or a per-row top_k (docs/semantics.md,
+    "Filtered support") on device arrays: a sparse support (``top_k`` given), backends
+    with ``device_logits_filters``.  top_p / min_p: Python scalars, host arrays or CUDA
+    tensors [B] (these stay on the device: the kernels check every value, as verify's
+    parameters); a per-row top_k is read on the host (its largest entry is the output
+    width), so with one the call copies it to the device (a CUDA tensor top_k: from it)."""
+    be = _backend.get(backend)
+    if not be.device_logits_filters:
+        raise _backend.BackendUnavailable(
+            f"backend {backend!r}: allocate / propose with top_p, min_p or a per-row top_k "
+            f"have no kernels for GPU arrays; use backend 'cuda', or host arrays with "
+            f"backend 'cpu', 'reference' or 'numba'")
+    if top_k is None:
+        raise _backend.BackendUnavailable(
+            "top_p / min_p without top_k (a dense support): no GPU kernels for it; give "
+            "top_k, or pass host arrays to backend 'cpu', 'reference' or 'numba'")
+    _validate.policy(policy)
+    if type(x) is (_ga._TORCH or _ga._torch()).Tensor:
+        xt, kind = x, "torch"
+    else:
+        xt, kind = _ga._as_torch(x)
+    batch_shape, v, _ = _ga._x_layout(xt, "logits" if propose else "x", be)
+    if not logits:  # the CPU path's message
+        raise ValueError("top_p/min_p/per-row top_k: apply only to logits (logits=True)")
+    per_row = not (type(top_k) is int or isinstance(top_k, np.integer))
+    width, tk = _validate.top_k_rows(top_k, v, math.prod(batch_shape), check=check is True)
+    tt = type(temperature)
+    key = ("filtered", propose, backend, xt.shape, xt.dtype, xt.device,
+           temperature if tt is float or tt is int else _ARRAY, bias is None, width, policy,
+           check, kind)
+    try:
+        plan = _CALLS[key]
+    except (KeyError, TypeError):
+        plan = _plan(key, _AllocPlan, xt, True, temperature, bias, width, policy, backend,
+                     check, kind, propose, True)
+    _, _, tp, mp = _ga._logits_params(1.0, None, top_p, min_p, plan.batch, plan.dev,
+                                      check is True)
+    ftk = _ga._host_tensor(tk, plan.dev) if per_row else None
+    return plan(xt, temperature, bias, keys if propose else None, out, (ftk, tp, mp))
 
 
 class _DrawPlan(_CallPlan):

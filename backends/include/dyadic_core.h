@@ -1828,6 +1828,29 @@ DY_FUNC int64_t dy_filter_top_k(int64_t top_k, uint32_t width) {
     return (width && top_k > (int64_t)width) ? (int64_t)width : top_k;
 }
 
+/* The kept length of a ranked support (allocate / propose with top_p / min_p on
+ * a top-k support, the CUDA route): w [n] the support's weights W in ranking order
+ * (z descending, ties to the lowest id; W non-increasing), top_k reduced by
+ * dy_filter_top_k (>= 1) and top_p / min_p valid (dy_logits_params_status).  The
+ * rules of dy_logits_target_row, each keeping a prefix of the ranking: min-p the
+ * tokens with W * 2**24 >= mp * 2**39, top-k the first top_k of those, top-p the
+ * shortest prefix of those whose W reaches ceil(u Ts / 2**24).  Tokens past the
+ * returned length are not kept; kept tokens with W = 0 carry no mass. */
+DY_FUNC uint32_t dy_filter_prefix(const uint64_t *w, uint32_t n, int64_t top_k,
+                                  uint32_t top_p_bits, uint32_t min_p_bits) {
+    const uint64_t mpw = dy_f32_ceil24(min_p_bits) << DY_WEIGHT_BITS;
+    const uint64_t u = dy_f32_ceil24(top_p_bits);
+    uint64_t ts = 0, need, cum = 0;
+    uint32_t m = 0, j;
+    while (m < n && (w[m] << DY_TOTAL_BITS) >= mpw) m++;
+    if (top_k > 0 && (uint64_t)top_k < m) m = (uint32_t)top_k;
+    if (u >= DY_TOTAL) return m;
+    for (j = 0; j < m; j++) ts += w[j];
+    need = dy_shr128(dy_add128(dy_mul64(u, ts), dy_from64(DY_TOTAL - 1u)), DY_TOTAL_BITS).lo;
+    for (j = 0; j < m && cum < need; j++) cum += w[j];
+    return j;
+}
+
 /* One row of allocate on logits whose support is the kept set of min-p, top-k
  * and top-p: x, bias, temperature > 0, policy as dy_allocate_row; top_k (see
  * dy_filter_top_k), top_p / min_p as float32 bits; width 0 for dense counts

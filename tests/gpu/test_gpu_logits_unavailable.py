@@ -1,8 +1,10 @@
 """The sampling-parameter primitives where a backend has no kernels for them: refused
 with BackendUnavailable, never a silent fallback.  verify(logits=True) on GPU tensors
 runs on backend "cuda" (tests/gpu/test_gpu_verify_logits.py) and is refused on "numba";
-allocate / propose with top_p, min_p or a per-row top_k on GPU tensors are refused on
-both.  Runs where a GPU is present; skips otherwise."""
+allocate / propose with top_p, min_p or a per-row top_k on GPU tensors run on "cuda" with
+a top-k support (tests/gpu/test_gpu_filtered_alloc.py) and are refused on "numba", and
+on "cuda" without top_k (a dense support).  Runs where a GPU is present; skips
+otherwise."""
 
 import numpy as np
 import pytest
@@ -64,14 +66,23 @@ def test_numba_verify_logits_on_device_tensors(torch_cuda):
         dyadic.verify(t, d, None, keys, logits=True, temperature=0.7, backend="numba")
 
 
-@pytest.mark.parametrize("backend", ["cuda", "numba"])
-def test_filtered_allocate_and_propose_on_device_tensors(torch_cuda, backend):
-    _backend(backend)
+def test_numba_filtered_allocate_and_propose_on_device_tensors(torch_cuda):
+    _backend("numba")
     target, _, keys = _inputs()
     x = torch_cuda.as_tensor(target[:, 0], device="cuda").contiguous()
     with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.propose(x, keys, top_p=0.9, backend=backend)
+        dyadic.propose(x, keys, top_p=0.9, backend="numba")
     with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.allocate(x, logits=True, min_p=0.1, backend=backend)
+        dyadic.allocate(x, logits=True, top_k=4, min_p=0.1, backend="numba")
     with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.propose(x, keys, top_k=np.array([3, 5]), backend=backend)
+        dyadic.propose(x, keys, top_k=np.array([3, 5]), backend="numba")
+
+
+def test_cuda_dense_filtered_on_device_tensors(torch_cuda):
+    _backend("cuda")
+    target, _, keys = _inputs()
+    x = torch_cuda.as_tensor(target[:, 0], device="cuda").contiguous()
+    with pytest.raises(BackendUnavailable, match="without top_k"):
+        dyadic.allocate(x, logits=True, min_p=0.1, backend="cuda")
+    with pytest.raises(BackendUnavailable, match="without top_k"):
+        dyadic.propose(x, keys, top_k=None, top_p=0.9, backend="cuda")

@@ -15,8 +15,8 @@ they are) key arrays of a length other than 1 or B or of words other than 4- or 
 integers.
 """
 
-from ...._backend import Backend
-from . import args as A, plans, runtime
+from ...._backend import Backend, BackendUnavailable
+from . import args as A, plans, routes, runtime
 
 
 class CupyBackend(Backend):
@@ -25,6 +25,9 @@ class CupyBackend(Backend):
     has_logits_verify = True
     #: verify(logits=True) on device arrays (dyadic._device; kernels verify_logits.cuh).
     device_logits_verify = True
+    #: allocate / propose with top_p / min_p / per-row top_k on device arrays (top_k
+    #: given; the topk_select route).
+    device_logits_filters = True
     #: x / bias may be float16 or bfloat16 device arrays (read in the kernels).
     reads_half_precision = True
     #: propose / verify with check=False and out= launch only kernels on the
@@ -146,11 +149,16 @@ class CupyBackend(Backend):
 
     # --------------------------------------------------------------- runners
     # dyadic._device's call plans: torch tensors in, the launch plan found once.
-    def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose):
+    def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose, filtered=False):
+        if filtered and top_k > routes.FILTER_MAX_K:
+            raise BackendUnavailable(
+                f"top_k: backend 'cuda' applies top_p / min_p / a per-row top_k to sparse "
+                f"widths up to {routes.FILTER_MAX_K}, got {top_k}; pass host arrays to "
+                f"backend 'cpu', 'reference' or 'numba'")
         x_code = A.DT_CODES[str(x_dtype).replace("torch.", "")]
         dev, greedy_ok, do_draw = runtime.device_id(), int(propose), int(propose)
         launch = plans.alloc_plan(dev, batch, v, top_k, x_code, 0, 0, bool(logits), greedy_ok,
-                                  policy, do_draw).launch
+                                  policy, do_draw, filtered).launch
         keys_of, no_keys = A.keys, A.NO_KEYS
 
         def biased(bias):
@@ -158,9 +166,21 @@ class CupyBackend(Backend):
             launch configuration."""
             return plans.alloc_plan(dev, batch, v, top_k, x_code, int(A.x_code(bias)),
                                     int(bias.shape[0]), bool(logits), greedy_ok, policy,
-                                    do_draw).launch
+                                    do_draw, filtered).launch
 
-        if propose:
+        if filtered:
+            def run(x, bias, temp, keys, tokens, counts, ids, status, ftopk, ftopp, fminp):
+                go = launch if bias is None else biased(bias)
+                if propose:
+                    kptrs, kfmt = keys_of(A.Call(), *keys, batch)
+                    tok = tokens.data_ptr()
+                else:
+                    kptrs, kfmt, tok = no_keys, 0, 0
+                go(x.data_ptr(), 0 if bias is None else bias.data_ptr(), temp.data_ptr(),
+                   kptrs, kfmt, tok, counts.data_ptr(), ids.data_ptr(), status.data_ptr(),
+                   0 if ftopk is None else ftopk.data_ptr(), ftopp.data_ptr(),
+                   fminp.data_ptr())
+        elif propose:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
                 go = launch if bias is None else biased(bias)
                 call = A.Call()  # holds what the key fields needed moved, for the launch

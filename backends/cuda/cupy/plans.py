@@ -68,7 +68,7 @@ def _ptrs(bufs):
 
 # --- allocate / propose ----------------------------------------------------------------
 _ALLOC_PARAMS = ("x", "bias", "temp", "kptrs", "kfmt", "tokens", "counts", "ids", "status",
-                 "vec", "cvec")
+                 "vec", "cvec", "ftopk", "ftopp", "fminp")
 _KEYVARS = tuple(_VAR("key%d" % i) for i in range(4))
 _KFMT = _VAR("kfmt", np.int32)
 
@@ -122,15 +122,18 @@ class OnePassTopK:
     def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
         vec = self.vec_ok and x % 16 == 0
         (self.aligned if vec else self.plain).go(x, bias, temp, kptrs, kfmt, tokens, counts,
-                                                 ids, status, vec, 0)
+                                                 ids, status, vec, 0, 0, 0, 0)
 
 
 class SelectTopK:
-    """topk_select (top_k > 32): grid (ceil(V / 2048), B), per-tile radix select or
-    rank counting, the last block of a row merges, allocates and draws."""
+    """topk_select (top_k > 32, and every filtered call): grid (ceil(V / 2048), B),
+    per-tile radix select or rank counting, the last block of a row merges, allocates and
+    draws.  ``filtered``: the last block first checks the row's top_k / top_p / min_p
+    (``ftopk`` int64 [B] or 0: top_k for every row; ``ftopp`` / ``fminp`` float32 [B])
+    and keeps the prefix of the support's ranking that they keep."""
 
     def __init__(self, batch, v, k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
-                 do_draw):
+                 do_draw, filtered=False):
         kc = min(k, routes.SELECT_TILE)
         nt = -(-v // routes.SELECT_TILE)
         n = batch * nt * kc
@@ -143,12 +146,15 @@ class SelectTopK:
                             bias_code or bias_rows)
                 + (I32[k], I32[kc], I32[nt], I32[policy], I32[do_draw], I32[2 if rank else 0],
                    *_KEYVARS, _KFMT) + _ptrs(bufs)
-                + tuple(_VAR(n) for n in ("tokens", "counts", "ids", "status")) + (I32[batch],))
+                + tuple(_VAR(n) for n in ("tokens", "counts", "ids", "status")) + (I32[batch],)
+                + (I32[int(filtered)],) + tuple(_VAR(n) for n in ("ftopk", "ftopp", "fminp")))
         self.run = _Launch(runtime.kernel("topk_select"), routes.rgrid(nt, batch), (256,), args,
                            _ALLOC_PARAMS, bufs)
 
-    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
-        self.run.go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, 0, 0)
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, ftopk=0,
+               ftopp=0, fminp=0):
+        self.run.go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, 0, 0, ftopk, ftopp,
+                    fminp)
 
 
 # dense_* state sizes (DA_RS / DA_CAP / DA_NB of dense.cuh)
@@ -193,25 +199,26 @@ class Dense:
         cvec = v % 4 == 0 and counts % 16 == 0  # 16-byte stores of the counts
         stream = launch.current_stream()  # read once for the launches
         for go in self.gos:
-            go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec, stream)
+            go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec, 0, 0, 0, stream)
 
 
 def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
-               do_draw):
-    """The plan of an allocate (do_draw 0, greedy_ok 0) or propose (1, 1)."""
+               do_draw, filtered=False):
+    """The plan of an allocate (do_draw 0, greedy_ok 0) or propose (1, 1); ``filtered``:
+    with top_p / min_p / per-row top_k (logits, top_k given: the select route)."""
     key = ("alloc", dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, policy,
-           do_draw)
+           do_draw, filtered)
     plan = PLANS.get(key)
     if plan is None:
         has_bias = bool(bias_code or bias_rows)
         route = routes.alloc_route(top_k, batch, v, has_bias and logits,
-                                   not has_bias and logits and x_code != 0)
+                                   not has_bias and logits and x_code != 0, filtered)
         if route == "dense":
             make, args = Dense, (batch, v, x_code, bias_code, bias_rows, logits, greedy_ok,
                                  policy, do_draw)
         elif route == "select":
             make, args = SelectTopK, (batch, v, top_k, x_code, bias_code, bias_rows, logits,
-                                      greedy_ok, policy, do_draw)
+                                      greedy_ok, policy, do_draw, filtered)
         else:
             make, args = OnePassTopK, (route, batch, v, top_k, x_code, bias_code, bias_rows,
                                        logits, greedy_ok, policy, do_draw)

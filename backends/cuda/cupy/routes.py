@@ -51,6 +51,9 @@ PACKED_KERNELS = ("topk_onepass_packed8k", "topk_onepass_packed16k", "topk_onepa
 SELECT_TILE = 2048
 SELECT_RANK_MAX_K = 64
 SELECT_RANK_MAX_BATCH = 16
+#: the largest sparse width of a filtered call (top_p / min_p / per-row top_k): the last
+#: block ranks its support by counting, top_k**2 / 256 comparisons per thread.
+FILTER_MAX_K = 1024
 
 # --- verify ----------------------------------------------------------------------------
 #: the one-launch verify kernels' tile records hold at most 128 tiles of at most 32768 ids.
@@ -109,14 +112,16 @@ def tile_for(v, rows, nsm, cap, per_sm=4):
 
 
 # --- allocate / propose ----------------------------------------------------------------
-def alloc_route(top_k, batch, v, bias_on_logits, packed16):
+def alloc_route(top_k, batch, v, bias_on_logits, packed16, filtered=False):
     """The kernel family of an allocate / propose: "onepass", "wide", "select" or
     "dense".  ``bias_on_logits``: a bias is added to logits (topk_onepass_wide reads no
     bias); ``packed16``: 16-bit logits without bias (the wide kernels at every batch,
-    where the packed kernels take over)."""
+    where the packed kernels take over); ``filtered``: top_p / min_p / per-row top_k
+    (only topk_select applies the filters: they are rare beside plain top-k, and one
+    kernel holds their rules)."""
     if not top_k:
         return "dense"
-    if top_k > ONEPASS_MAX_K:
+    if top_k > ONEPASS_MAX_K or filtered:
         return "select"
     tiles = -(-v // (ONEPASS_THREADS * ONEPASS_EPT))
     wide_fits = -(-v // (ONEPASS_THREADS * WIDE_EPT)) * ONEPASS_CAP <= ONEPASS_THREADS * ONEPASS_EPT
@@ -229,8 +234,8 @@ def logits_tiles(v, batch, k1, nsm):
 def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
-    (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for
-    allocate / propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits
+    (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
+    min_p / per-row top_k) for allocate / propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits
     target) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
@@ -239,7 +244,7 @@ def kernel_names(primitive, **shape):
         logits = primitive == "propose" or shape.get("logits", False)
         bias, x16 = shape.get("bias", False), shape.get("x16", False)
         route = alloc_route(shape.get("top_k") or 0, b, v, bias and logits,
-                            not bias and logits and x16)
+                            not bias and logits and x16, shape.get("filtered", False))
         if route == "dense":
             names = ("dense_max", "dense_sum", "dense_floor", "dense_mark")
             return names + (("draw_rows",) if primitive == "propose" else ())

@@ -14,7 +14,8 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* tile_bad, u32* counters,
     int* sup_id, u64* sup_key, u64* sup_rem, u32* sup_cnt,
-    int* tokens, u32* counts, int* ids, int* status, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   __shared__ DcShared sh;
   __shared__ u64 tk[TILE];
   __shared__ DcTopk tp;
@@ -87,6 +88,17 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
   }
   b = block_reduce64(b, 2, sh);
   const int W = K;
+  /* filt: the row's top_k (ftopk, or K), top_p and min_p (float32 bits; null: 1 and
+   * 0) are checked before the row, in the order of dy_allocate_filtered_row */
+  i64 ftk = K;
+  u32 ftp = 0x3F800000u, fmp = 0u;
+  if (filt) {
+    ftk = dy_filter_top_k(ftopk ? ftopk[row] : (i64)K, (uint32_t)K);
+    if (ftopp) ftp = ftopp[row];
+    if (fminp) fmp = fminp[row];
+    const int pst = ftk < 0 ? DY_ST_TOP_K_INVALID : dy_logits_params_status(1.0, ftk, ftp, fmp);
+    if (pst) { fail_sparse(row, W, pst, do_draw ? tokens : 0, counts, ids, status); return; }
+  }
   if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   u64 mk = 0;
   int argmax;
@@ -135,8 +147,28 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
     block_compact([&](int i) { return sel_has(s, __ldcg(&ck[i]), i); },
                   [&](int i, int r) { skey[r] = __ldcg(&ck[i]); sid[r] = __ldcg(&ci[i]); }, N, sh);
   }
+  /* filt: the kept prefix of the support's ranking (key desc, id asc; the support is
+   * in id order): each entry's rank, the weights in rank order, dy_filter_prefix */
+  int keep = K;
+  if (filt) {
+    __shared__ int s_keep;
+    for (int j = tid; j < K; j += nt) {
+      const u64 kj = skey[j];
+      int rank = 0;
+      for (int i = 0; i < K; ++i) { const u64 ki = skey[i]; rank += ki > kj || (ki == kj && i < j); }
+      srem[rank] = weight_of_key(kj, mk, logits);
+      scnt[j] = (u32)rank;
+    }
+    __syncthreads();
+    if (tid == 0) s_keep = (int)dy_filter_prefix((const uint64_t*)srem, (uint32_t)K, ftk, ftp, fmp);
+    __syncthreads();
+    keep = s_keep;
+  }
   u64 S = 0;
-  for (int j = tid; j < K; j += nt) { u64 w = weight_of_key(skey[j], mk, logits); srem[j] = w; S += w; }
+  for (int j = tid; j < K; j += nt) {
+    const u64 w = !filt || (int)scnt[j] < keep ? weight_of_key(skey[j], mk, logits) : 0;
+    srem[j] = w; S += w;
+  }
   S = block_reduce64(S, 0, sh);
   u64 sb = 0;
   for (int j = tid; j < K; j += nt) {
