@@ -10,7 +10,7 @@
 #   integrations  tests/integrations on the GPU (cuda / numba vs cpu with CUDA models;
 #           the tiny models train there once, cached under /tmp/dyadic-model-cache)
 #   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400), then
-#           the verify_logits primitive on cpu,cuda
+#           the verify_logits and propose_filtered primitives on cpu,cuda
 #   shard   the sharded (dyadic.distributed) device path: the CUDA shard kernels against
 #           the CPU's (tests/gpu/test_gpu_shard_kernels.py), then gloo ranks on one GPU
 #           with CUDA shards against the unsharded cpu / cuda calls and the host shards
@@ -84,6 +84,9 @@ PY
   timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives verify_logits --backends cpu,cuda \
       --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz-logits" 2>&1 | tail -6
   echo "fuzz verify_logits exit: $?"
+  timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives propose_filtered --backends cpu,cuda \
+      --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz-filtered" 2>&1 | tail -6
+  echo "fuzz propose_filtered exit: $?"
   fi
   if has shard; then stamp "shard kernels (cuda vs cpu)"
   timeout ${SHARD_T:-240} python3 -m pytest -q -rs -x -p no:cacheprovider \

@@ -16,9 +16,10 @@ from .. import _backend
 from .._backend import GPU_BACKENDS
 
 PRIMITIVES = ("allocate", "propose", "draw", "verify", "philox")
-#: Opt-in (``--primitives``): verify(logits=True) with per-request sampling parameters,
-#: on the backends that implement it (cpu, reference, numba).
-OPTIONAL_PRIMITIVES = ("verify_logits",)
+#: Opt-in (``--primitives``): verify(logits=True) and propose / allocate with top_p /
+#: min_p / per-row top_k, on the backends that implement them (inputs on the device
+#: where the backend takes them there: cuda).
+OPTIONAL_PRIMITIVES = ("verify_logits", "propose_filtered")
 ALL_PRIMITIVES = PRIMITIVES + OPTIONAL_PRIMITIVES
 
 
@@ -188,6 +189,23 @@ def build(case, backend):
                               backend=backend, **opt)
             return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
                     "status": to_numpy(v.status)}
+    elif case.primitive == "propose_filtered":
+        at = backend if _backend.get(backend).device_logits_filters else "cpu"
+
+        def call():
+            opt = {n: p[n] for n in ("top_k", "top_p", "min_p") if n in p}
+            opt.update({n: any_input(a[n], at) for n in ("top_k", "top_p", "min_p") if n in a})
+            x = float_input(a["x"], p["dtype"], at)
+            kw = dict(temperature=any_input(a["temperature"], at), bias=_bias(case, at),
+                      policy=p["policy"], backend=backend, **opt)
+            if p["propose"]:
+                tok, q = dyadic.propose(x, _keys(case, at), **kw)
+                out = {"tokens": to_numpy(tok)}
+            else:
+                q = dyadic.allocate(x, logits=True, **kw)
+                out = {}
+            out.update(counts=to_numpy(q.counts), ids=to_numpy(q.ids))
+            return out
     elif case.primitive == "philox":
         def call():
             out = dyadic.philox4x32(a["counter"], a["key"], p["rounds"], backend=backend)

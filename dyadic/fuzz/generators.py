@@ -17,7 +17,7 @@ U32 = 0xFFFFFFFF
 U64 = (1 << 64) - 1
 # primitive mix: the reference cost of verify and propose dominates
 _WEIGHTS = {"allocate": 0.25, "propose": 0.25, "draw": 0.15, "verify": 0.25, "philox": 0.10,
-            "verify_logits": 0.25}
+            "verify_logits": 0.25, "propose_filtered": 0.25}
 _SMALL_VOCABS = (1, 2, 3, 5, 7, 8, 13, 31, 32, 33, 64, 111, 127, 255, 257)
 _LARGE_VOCABS = (4097, 32000, 65537, 129280)
 
@@ -497,6 +497,71 @@ def gen_verify_logits(rng, invalid):
     return Case("verify_logits", arrays, {"vocab": v, "dtype": dtype}, label)
 
 
+def gen_propose_filtered(rng, invalid):
+    """propose / allocate(logits=True) with top_p / min_p / top_k per row (a top-k
+    support of width at most 1024: every backend's filtered route): logits of any float
+    dtype (ties, -inf masks, huge values), per-row temperature (propose: 0 rows), top_k
+    an int or per row, top_p / min_p scalars or per row, bias sometimes.  Invalid: a
+    row's top_k < 1, top_p outside (0, 1], min_p outside [0, 1], NaN / +inf logits."""
+    v = _vocab(rng, large_ok=False)
+    b = _batch(rng, v)
+    propose = bool(rng.random() < 0.6)
+    x, kind = _logits(rng, (b, v))
+    dtype = _float_dtype(rng)
+    params = {"propose": propose, "dtype": dtype,
+              "policy": "standard" if rng.random() < 0.7 else "floor-first"}
+    arrays = {}
+    t = np.exp(rng.normal(0, 1.2, size=b))
+    if propose:
+        t[rng.random(b) < 0.3] = 0.0
+    arrays["temperature"] = t.astype(np.float64)
+    if rng.random() < 0.5:
+        params["top_k"] = int(rng.choice([1, 2, 5, 32, 33, min(v + 3, 1024)]))
+    else:
+        arrays["top_k"] = rng.integers(1, min(v + 3, 1024) + 1, size=b).astype(np.int64)
+    r = rng.random()
+    if r < 0.4:
+        params["top_p"] = float(rng.choice([1.0, 0.95, 0.5, 0.1, 1e-7]))
+    elif r < 0.8:
+        arrays["top_p"] = rng.choice([1.0, 0.95, 0.5, 0.1, 1e-7], size=b).astype(np.float32)
+    r = rng.random()
+    if r < 0.3:
+        params["min_p"] = float(rng.choice([0.0, 0.05, 0.3, 1.0]))
+    elif r < 0.6:
+        arrays["min_p"] = rng.choice([0.0, 0.05, 0.3, 1.0], size=b).astype(np.float32)
+    if "top_p" not in params and "top_p" not in arrays and "min_p" not in params \
+            and "min_p" not in arrays and "top_k" in params:
+        params["top_p"] = 0.9  # a filtered call
+    if rng.random() < 0.2:
+        arrays["bias"] = (rng.standard_normal(v) * 2).astype(np.float32)
+        params["bias_dtype"] = "float32"
+    label = f"{kind}/{dtype}"
+    if invalid:
+        r = rng.random()
+        bb = int(rng.integers(0, b))
+        if r < 0.3:
+            arrays["top_k"] = np.full(b, min(v, 4), np.int64)
+            arrays["top_k"][bb] = 0
+            params.pop("top_k", None)
+            label = "top_k"
+        elif r < 0.55:
+            arrays["top_p"] = np.ones(b, np.float32)
+            arrays["top_p"][bb] = 1.5 if r < 0.45 else 0.0
+            params.pop("top_p", None)
+            label = "top_p"
+        elif r < 0.75:
+            arrays["min_p"] = np.zeros(b, np.float32)
+            arrays["min_p"][bb] = -0.5
+            params.pop("min_p", None)
+            label = "min_p"
+        else:
+            label = _break_floats(rng, x, True)
+    arrays["x"] = _encode(x, dtype)
+    if propose:
+        arrays.update(_keys(rng, b))
+    return Case("propose_filtered", arrays, params, label)
+
+
 def gen_philox(rng, invalid):
     n = int(rng.integers(1, 40))
     counter = rng.integers(0, U32, size=(n, 4), dtype=np.uint64, endpoint=True)
@@ -522,4 +587,5 @@ def gen_philox(rng, invalid):
 
 
 _GEN = {"allocate": gen_allocate, "propose": gen_propose, "draw": gen_draw,
-        "verify": gen_verify, "philox": gen_philox, "verify_logits": gen_verify_logits}
+        "verify": gen_verify, "philox": gen_philox, "verify_logits": gen_verify_logits,
+        "propose_filtered": gen_propose_filtered}

@@ -62,6 +62,9 @@ def test_primitive_filter():
     # verify(logits=True) is opt-in: the default stream never draws it
     assert "verify_logits" not in {generate(3, i).primitive for i in range(200)}
     assert {generate(1, i, ("verify_logits",)).primitive for i in range(10)} == {"verify_logits"}
+    assert "propose_filtered" not in {generate(3, i).primitive for i in range(200)}
+    assert {generate(1, i, ("propose_filtered",)).primitive
+            for i in range(10)} == {"propose_filtered"}
 
 
 def test_bounded_logits_fuzz_cpu_and_reference(tmp_path, capsys):
@@ -73,6 +76,16 @@ def test_bounded_logits_fuzz_cpu_and_reference(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "verify_logits" in out and "OK:" in out
+
+
+def test_bounded_filtered_propose_fuzz_cpu_and_reference(tmp_path, capsys):
+    """propose / allocate with top_p, min_p, per-row top_k: cpu == reference on random and
+    adversarial cases (invalid parameters and logits raise the same error)."""
+    rc = main(["--primitives", "propose_filtered", "--backends", "cpu,reference", "--cases",
+               "80", "--seed", "0", "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "propose_filtered" in out and "OK:" in out
 
 
 def test_injected_mismatch_is_found_shrunk_and_replayable(fake_backends, tmp_path, capsys):
