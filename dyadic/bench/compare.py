@@ -6,9 +6,13 @@ Files alternate old, new (runs made alternately, so that drift of the machine af
 sides alike).  A cell is one (metric, B, case); its value on each side is the median over
 that side's runs of the numeric values (a run where the cell is missing or holds a text, an
 error or "not held", does not count; "k/n" says how many of the n runs counted).  Printed: a
-Markdown table per timed metric (B, case, old, new, new/old), "SLOWER" where new/old exceeds
-1 + tolerance, and the line "N cells slower than tolerance".  The exit status is 0 whatever
-the timings; it is not a test.
+Markdown table per timed metric (B, case, old, new, new/old, pairs), "SLOWER" where new/old
+exceeds 1 + tolerance, and the line "N cells slower than tolerance (M slower in every pair
+of runs)".  "pairs" is k/n: of the n alternated pairs (old run i, new run i) where both
+have the cell, k have new above old times 1 + tolerance.  A cell slower by its medians but
+not in every pair is within the spread between runs (host timings on a shared machine
+move by more than 5% from run to run).  The exit status is 0 whatever the timings; it is
+not a test.
 
 An A/B of an older commit REV against this tree, each installed in its own folder (a
 source checkout on PYTHONPATH would take its ``dyadic.backends`` from elsewhere), the same
@@ -72,19 +76,34 @@ def compare(old_runs, new_runs, tolerance=0.05):
             (a, a_txt), (b, b_txt) = side(old_runs, m, cell), side(new_runs, m, cell)
             ratio = b / a if a and b is not None else None
             out.append({"metric": m, "B": cell[0], "case": cell[1], "old": a_txt, "new": b_txt,
-                        "ratio": ratio, "slower": ratio is not None and ratio > 1 + tolerance})
+                        "ratio": ratio, "slower": ratio is not None and ratio > 1 + tolerance,
+                        "pairs": pairs(old_runs, new_runs, m, cell, tolerance)})
     return out
+
+
+def pairs(old_runs, new_runs, metric, cell, tolerance):
+    """(k, n): of the n pairs (old_runs[i], new_runs[i]) with a number in the cell on both
+    sides, the k where new exceeds old times 1 + tolerance."""
+    k = n = 0
+    for o, w in zip(old_runs, new_runs):
+        a, b = o.get(cell, {}).get(metric), w.get(cell, {}).get(metric)
+        if _number(a) and _number(b):
+            n += 1
+            k += b > a * (1 + tolerance)
+    return k, n
 
 
 def markdown(result, tolerance):
     lines = []
     for m in dict.fromkeys(r["metric"] for r in result):
         lines += ["", f"### {m} (median us; SLOWER: new/old > {1 + tolerance:.3g})", "",
-                  "| B | case | old | new | new/old | |", "|---|---|---|---|---|---|"]
+                  "| B | case | old | new | new/old | pairs slower | |",
+                  "|---|---|---|---|---|---|---|"]
         for r in (r for r in result if r["metric"] == m):
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+            k, n = r["pairs"]
             lines.append(f"| {r['B']} | {r['case']} | {r['old']} | {r['new']} | {ratio} | "
-                         f"{'SLOWER' if r['slower'] else ''} |")
+                         f"{k}/{n} | {'SLOWER' if r['slower'] else ''} |")
     return "\n".join(lines)
 
 
@@ -108,7 +127,9 @@ def main(argv=None):
     print(f"old: {', '.join(a.files[0::2])}\nnew: {', '.join(a.files[1::2])}")
     print(markdown(result, a.tolerance))
     n = sum(r["slower"] for r in result)
-    print(f"\n{n} cells slower than tolerance (new/old > {1 + a.tolerance:.3g})")
+    every = sum(r["slower"] and r["pairs"][0] == r["pairs"][1] for r in result)
+    print(f"\n{n} cells slower than tolerance (new/old > {1 + a.tolerance:.3g}; {every} slower "
+          f"in every pair of runs)")
     return 0
 
 

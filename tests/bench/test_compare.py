@@ -1,5 +1,5 @@
 """python -m dyadic.bench compare on synthetic result files: ratios, SLOWER marks, medians
-across runs, missing and error cells."""
+across runs, the pairs of runs that agree, missing and error cells."""
 
 import json
 
@@ -36,8 +36,11 @@ def test_ratios_flags_and_medians(tmp_path, capsys):
     assert g[(4, "a")]["ratio"] == pytest.approx(0.8)
     assert not h[(1, "a")]["slower"] and h[(4, "a")]["slower"]  # 1.025 within, 1.25 not
     assert {r["metric"] for r in result} == {"graph_dev_us", "eager_host_us"}  # no floor_us
-    assert "2 cells slower than tolerance" in out
+    assert g[(1, "a")]["pairs"] == (2, 3)  # the third pair (30 vs 1.0) is not slower
+    assert h[(4, "a")]["pairs"] == (3, 3) and h[(1, "a")]["pairs"] == (0, 3)
+    assert "2 cells slower than tolerance (new/old > 1.05; 1 slower in every pair of runs)" in out
     assert out.count("SLOWER |") == 2
+    assert "| 1 | a | 11.0 | 12.0 | 1.091 | 2/3 | SLOWER |" in out
     assert "### graph_dev_us" in out and "### eager_host_us" in out
 
 
@@ -57,6 +60,8 @@ def test_missing_and_error_cells(tmp_path):
     assert g[(1, "z")]["old"] == "missing" and g[(1, "z")]["new"] == "1.0 (1/2)"
     assert g[(1, "y")]["new"] == "100.0 (1/2)"  # the "not held" text does not count
     assert g[(1, "y")]["slower"]
+    assert g[(1, "y")]["pairs"] == (1, 1)  # only the second pair has both numbers
+    assert g[(1, "x")]["pairs"] == (0, 0) and g[(1, "z")]["pairs"] == (0, 0)
 
 
 def test_odd_file_count_is_refused(tmp_path):
