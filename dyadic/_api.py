@@ -128,7 +128,9 @@ def allocate(x, *, logits=False, temperature=1.0, bias=None, top_k=None, policy=
         weights; the allocation runs on the kept tokens (the support is the
         filtered prefix; with top_k the sparse width stays min(top_k, V)).
         top_p in (0, 1] (1: off), min_p in [0, 1] (0: off), both converted to
-        float32.  Backends "cpu", "reference" and "numba".
+        float32.  Backends "cpu", "reference" and "numba" (host arrays), and
+        "cuda" on GPU arrays with ``top_k`` given (a width of at most 1024; top_p /
+        min_p may be device tensors, a per-row top_k is read on the host).
 
     Returns
     -------
