@@ -15,7 +15,7 @@ import statistics
 
 from .common import BACKENDS, QUICK, require_backend
 
-CASES = ["propose_top32_bf16", "verify_k5_dense_lazy", "verify_k5_dense",
+CASES = ["propose_top32_bf16", "propose_top32_bf16_top_p", "verify_k5_dense_lazy", "verify_k5_dense",
          "verify_k5_dense_lazy_close_cold", "verify_k5_top32_lazy_close_cold",
          "verify_k5_dense_lazy_close_cold_ragged", "verify_k5_logits_dense_close_cold",
          "verify_k5_logits_dense_lazy_close_cold", "verify_k5_logits_top32_lazy_close_cold",

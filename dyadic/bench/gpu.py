@@ -22,7 +22,8 @@ and ``floor_us``: the bytes the call must read or write at least once / 4.2e12 B
 H200's copy bandwidth), where that bound applies (None elsewhere).
 
 Cases (``cases``; all dyadic calls backend="cuda", check=False unless named otherwise):
-trivial_kernel (a one-element add: the cost of a launch alone); propose_top32_bf16 (T=0.7);
+trivial_kernel (a one-element add: the cost of a launch alone); propose_top32_bf16 (T=0.7;
+_top_p: with top_p 0.9 per row, a device tensor: the filtered route);
 propose_dense_bf16 and propose_dense_bf16_floor_first (top_k=None, policy "standard" /
 "floor-first"); allocate_dense_f32; allocate_top32_f32; draw_top32 (from a top-32 q);
 verify_k5_dense / verify_k5_top32 (dense / top-32 q), each also _lazy (check="lazy") and
@@ -222,7 +223,7 @@ def cases(inp):
         x = torch.zeros(1, device=inp.device)
         return lambda: x.add_(1)
 
-    def propose(top_k, policy="standard"):
+    def propose(top_k, policy="standard", top_p=None):
         def make():
             w = min(top_k or nv, nv)
             out = {"tokens": inp.empty(B), "counts": inp.empty(B, w, dtype=u32),
@@ -230,8 +231,10 @@ def cases(inp):
             if top_k:
                 out["ids"] = inp.empty(B, w)
             x, keys = inp.logits, inp.keys
+            kw = {} if top_p is None else {"top_p": torch.full(
+                (B,), top_p, dtype=torch.float32, device=inp.device)}
             return lambda: dyadic.propose(x, keys, top_k=top_k, temperature=T, policy=policy,
-                                          backend=be, check=False, out=out)
+                                          backend=be, check=False, out=out, **kw)
         return make
 
     def allocate(top_k):
@@ -278,7 +281,8 @@ def cases(inp):
         return run
 
     out = [Case("trivial_kernel", trivial, None, True),
-           Case("propose_top32_bf16", propose(W), B * nv * 2, True)]
+           Case("propose_top32_bf16", propose(W), B * nv * 2, True),
+           Case("propose_top32_bf16_top_p", propose(W, top_p=0.9), B * nv * 2, True)]
     out += [Case("propose_dense_bf16" + ("" if pol == "standard" else "_" + pol.replace("-", "_")),
                  propose(None, pol), B * nv * 6, True) for pol in POLICIES]
     out += [Case("allocate_dense_f32", allocate(None), B * nv * 8, True),
