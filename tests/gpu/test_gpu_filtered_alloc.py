@@ -14,7 +14,7 @@ import pytest
 import dyadic
 from dyadic.bench.timing import capture_graph
 
-from conftest import _load
+from conftest import cuda_torch
 
 pytestmark = pytest.mark.gpu
 
@@ -24,13 +24,7 @@ DTYPES = ["float32", "float16", "bfloat16"]
 @pytest.fixture(scope="module")
 def cuda():
     """torch, where backend "cuda" loads and torch has a CUDA device."""
-    be, why = _load("cuda")
-    if be is None:
-        pytest.skip(why)
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    return torch
+    return cuda_torch()
 
 
 def _logits(rng, b, v):

@@ -16,7 +16,7 @@ from dyadic import _spec, _status
 from dyadic._types import trusted_dyadic
 from dyadic.bench.timing import capture_graph
 
-from conftest import _load
+from conftest import cuda_torch
 
 pytestmark = pytest.mark.gpu
 
@@ -30,13 +30,7 @@ RECIPES = ("greedy", "plain", "top_k", "top_k_above_v", "top_p", "top_p_one", "m
 @pytest.fixture(scope="module")
 def cuda():
     """torch, where backend "cuda" loads and torch has a CUDA device."""
-    be, why = _load("cuda")
-    if be is None:
-        pytest.skip(why)
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    return torch
+    return cuda_torch()
 
 
 # ------------------------------------------------------------------------- inputs
