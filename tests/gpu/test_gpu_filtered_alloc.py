@@ -174,6 +174,18 @@ def test_check_true_raises_cpu_error(cuda):
         assert str(got.value) == str(want.value)
 
 
+def test_filters_on_weights_refused_as_cpu(cuda):
+    """allocate(logits=False) with top_p: the cpu path's ValueError, on GPU arrays too."""
+    x = np.full((2, 16), 1 / 16, np.float32)
+    with pytest.raises(ValueError) as want:
+        dyadic.allocate(x, logits=False, top_k=4, top_p=0.9, backend="cpu")
+    with pytest.raises(ValueError) as got:
+        dyadic.allocate(cuda.from_numpy(x).to("cuda"), logits=False, top_k=4, top_p=0.9,
+                        backend="cuda")
+    assert str(got.value) == str(want.value) == (
+        "top_p/min_p/per-row top_k: apply only to logits (logits=True)")
+
+
 def test_check_true_results_equal_cpu(cuda):
     rng = np.random.default_rng(5)
     b, v = 4, 900
