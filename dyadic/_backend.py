@@ -31,7 +31,7 @@ class Backend:
     ``device_logits_verify`` (``verify_logits_runner``: verify from logits on device
     arrays, dyadic._device), ``device_logits_filters`` (``alloc_runner(...,
     filtered=True)``: allocate / propose with top_p / min_p / per-row top_k on device
-    arrays, a top-k support), ``graph_capturable`` (check=False calls with device
+    arrays), ``graph_capturable`` (check=False calls with device
     keys and ``out=`` launch only kernels on the caller's stream: capturable in a
     CUDA graph).  The defaults here are the plain behaviour: a backend
     is a checklist of the kernels below.
@@ -129,12 +129,13 @@ class Backend:
         (``propose`` False: keys and tokens None) or propose calls of this shape (x
         [batch, v] of ``x_dtype``, the torch dtype); ``keys`` the four key arrays.
         ``filtered`` (only where ``device_logits_filters``; logits, ``top_k`` the sparse
-        width): ``run`` takes three more arguments, the rows' top_k (int64 [B], or None:
-        ``top_k`` for every row), top_p and min_p (float32 [B]), device tensors whose
-        values the kernels check (TOP_K_INVALID, TOP_P_INVALID, MIN_P_INVALID)."""
+        width, 0 for dense counts): ``run`` takes three more arguments, the rows' top_k
+        (int64 [B], or None: ``top_k`` for every row), top_p and min_p (float32 [B]),
+        device tensors whose values the kernels check (TOP_K_INVALID, TOP_P_INVALID,
+        MIN_P_INVALID).  A backend without kernels for a configuration raises
+        BackendUnavailable when the runner is made."""
         if filtered:
-            raise NotImplementedError(f"backend {self.name!r} has no top_p / min_p kernels "
-                                      f"for device arrays")
+            return self._filtered_runner(batch, top_k, policy, propose)
         if propose:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
                 self.propose(x, bias, temp, policy, top_k, *device_keys(keys), tokens, counts,
@@ -142,6 +143,24 @@ class Backend:
         else:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
                 self.allocate(x, bias, temp, logits, policy, top_k, counts, ids, status)
+        return run
+
+    def _filtered_runner(self, batch, width, policy, propose):
+        """The default ``alloc_runner(..., filtered=True)``: ``allocate_filtered`` /
+        ``propose_filtered`` on the device arrays (``width`` 0: dense counts), a
+        uniform top_k as a host array [B] of ``width``."""
+        if not self.has_logits_filters:
+            raise NotImplementedError(f"backend {self.name!r} has no top_p / min_p kernels")
+        uniform = np.full(batch, width, dtype=np.int64)
+        if propose:
+            def run(x, bias, temp, keys, tokens, counts, ids, status, ftopk, ftopp, fminp):
+                self.propose_filtered(x, bias, temp, uniform if ftopk is None else ftopk,
+                                      ftopp, fminp, policy, width, *device_keys(keys), tokens,
+                                      counts, ids, status)
+        else:
+            def run(x, bias, temp, keys, tokens, counts, ids, status, ftopk, ftopp, fminp):
+                self.allocate_filtered(x, bias, temp, uniform if ftopk is None else ftopk,
+                                       ftopp, fminp, policy, width, counts, ids, status)
         return run
 
     def draw_runner(self, batch, width):

@@ -235,21 +235,17 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
 def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p, policy,
              backend, check=True, out=None):
     """allocate / propose with top_p, min_p or a per-row top_k (docs/semantics.md,
-    "Filtered support") on device arrays: a sparse support (``top_k`` given), backends
-    with ``device_logits_filters``.  top_p / min_p: Python scalars, host arrays or CUDA
-    tensors [B] (these stay on the device: the kernels check every value, as verify's
-    parameters); a per-row top_k is read on the host (its largest entry is the output
+    "Filtered support") on device arrays, backends with ``device_logits_filters`` (cuda:
+    a sparse support, ``top_k`` given; numba: dense too).  top_p / min_p: Python scalars,
+    host arrays or CUDA tensors [B] (these stay on the device: the kernels check every
+    value, as verify's parameters); a per-row top_k is read on the host (its largest entry is the output
     width), so with one the call copies it to the device (a CUDA tensor top_k: from it)."""
     be = _backend.get(backend)
     if not be.device_logits_filters:
         raise _backend.BackendUnavailable(
             f"backend {backend!r}: allocate / propose with top_p, min_p or a per-row top_k "
-            f"have no kernels for GPU arrays; use backend 'cuda', or host arrays with "
+            f"have no kernels for GPU arrays; use backend 'cuda' or 'numba', or host arrays with "
             f"backend 'cpu', 'reference' or 'numba'")
-    if top_k is None:
-        raise _backend.BackendUnavailable(
-            "top_p / min_p without top_k (a dense support): no GPU kernels for it; give "
-            "top_k, or pass host arrays to backend 'cpu', 'reference' or 'numba'")
     _validate.policy(policy)
     if type(x) is (_ga._TORCH or _ga._torch()).Tensor:
         xt, kind = x, "torch"
@@ -267,8 +263,8 @@ def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p
     try:
         plan = _CALLS[key]
     except (KeyError, TypeError):
-        plan = _plan(key, _AllocPlan, xt, True, temperature, bias, width, policy, backend,
-                     check, kind, propose, True)
+        plan = _plan(key, _AllocPlan, xt, True, temperature, bias, width or None, policy,
+                     backend, check, kind, propose, True)
     _, _, tp, mp = _ga._logits_params(1.0, None, top_p, min_p, plan.batch, plan.dev,
                                       check is True)
     ftk = _ga._host_tensor(tk, plan.dev) if per_row else None

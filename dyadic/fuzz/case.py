@@ -171,8 +171,8 @@ def build(case, backend):
             return {"accepted": to_numpy(v.accepted), "tokens": to_numpy(v.tokens),
                     "status": to_numpy(v.status)}
     elif case.primitive == "verify_logits":
-        # inputs on the device where the backend verifies logits on GPU arrays (cuda),
-        # host arrays otherwise (numba takes logits targets on the host only)
+        # inputs on the device where the backend verifies logits on GPU arrays (cuda,
+        # numba), host arrays otherwise
         at = backend if _backend.get(backend).device_logits_verify else "cpu"
 
         def call():

@@ -34,8 +34,8 @@ def _parser():
     p.add_argument("--seed", type=int, default=0, help="case stream seed (default 0)")
     p.add_argument("--primitives", default=",".join(PRIMITIVES),
                    help=f"comma-separated subset of {','.join(ALL_PRIMITIVES)} (default: "
-                   f"{','.join(PRIMITIVES)}; verify_logits and propose_filtered: on cuda with "
-                   f"device arrays, on numba with host arrays)")
+                   f"{','.join(PRIMITIVES)}; verify_logits and propose_filtered take device "
+                   f"arrays on cuda and numba)")
     p.add_argument("--out", default="fuzz-failures",
                    help="directory for reproducers (default ./fuzz-failures)")
     p.add_argument("--skip-missing", action="store_true",

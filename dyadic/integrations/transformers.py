@@ -108,13 +108,12 @@ def verify_target(logits, draft, q, keys, params, backend):
     a function of the logits' bits alone, the same on every backend and device.
     Temperature 0 verifies greedily on the argmax of the logits (the lowest id
     among ties: torch's first maximum), so greedy output is the model's argmax
-    token for token.  Backend "cuda" verifies CUDA logits on the device; the
-    other backends take them on the host (numba verifies logits targets from
-    host arrays).
+    token for token.  Backends "cuda" and "numba" verify CUDA logits on the
+    device; the other backends take them on the host.
 
     Returns the ``dyadic.Verdict``.
     """
-    if backend != "cuda" and logits.is_cuda:
+    if backend not in ("cuda", "numba") and logits.is_cuda:
         logits = logits.cpu()
         if q is not None and _arrays.is_gpu_array(q.counts):  # a numba proposal's q
             q = trusted_dyadic(q.counts.cpu(), None if q.ids is None else q.ids.cpu(),

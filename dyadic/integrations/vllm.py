@@ -43,8 +43,8 @@ Where the call runs: where ``target_logits`` is.
 - Host arrays (NumPy, torch CPU tensors): backends "cpu", "reference" and
   "numba" ("cuda" takes them too, copying them to the GPU and the output back).
   A CUDA array among the other inputs raises TypeError naming it.
-- A torch CUDA tensor: backend "cuda".  The flat arrays are padded on that
-  device (``dyadic.ragged``, no Python loop) and ``dyadic.verify`` runs its CUDA
+- A torch CUDA tensor: backend "cuda" or "numba".  The flat arrays are padded on
+  that device (``dyadic.ragged``, no Python loop) and ``dyadic.verify`` runs its CUDA
   kernels on the caller's current stream; the output is a CUDA tensor on that
   device.  The other inputs may be on that device or on the host: host ones
   (draft ids, ``draft_probs``, sampling parameters, key fields) are copied to it;
@@ -66,7 +66,7 @@ Compatibility guarantee: the output is ``dyadic.verify``'s ``tokens`` on the
 padded batch, bit for bit: a pure function of the input bits, the sampling
 parameters and each request's key fields, identical on every backend that
 implements ``verify(logits=True)`` ("cpu", "reference", "numba" for host arrays;
-"cuda" for CUDA tensors: the same call with every input copied to the host gives
+"cuda" and "numba" for CUDA tensors: the same call with every input copied to the host gives
 the same tokens on "cpu"), and independent of the other requests in the batch and
 of the request's index.
 """
@@ -132,8 +132,8 @@ def rejection_sample(*, draft_token_ids, target_logits, draft_probs, keys, tempe
         Arrays (and ``temperature``, the key fields) may be CUDA tensors [B] with a
         CUDA target_logits.
     backend : str
-        "cpu", "reference" or "numba" for host arrays; "cuda" for CUDA tensors
-        (the backends with ``verify(logits=True)`` on those arrays; "cuda" also
+        "cpu", "reference" or "numba" for host arrays; "cuda" or "numba" for CUDA
+        tensors (the backends with ``verify(logits=True)`` on those arrays; "cuda" also
         takes host arrays, through copies).
     check : bool
         As in ``dyadic.verify``: True raises ValueError naming the request and the
@@ -221,7 +221,8 @@ def _call_device(target_logits, backend):
         raise TypeError(f"target_logits: a CUDA {type(target_logits).__name__} is not "
                         f"supported; pass a torch CUDA tensor (backend 'cuda') or a host array")
     if backend not in _backend.GPU_BACKENDS:
-        raise TypeError(f"target_logits: a CUDA tensor needs backend 'cuda', got {backend!r} "
+        raise TypeError(f"target_logits: a CUDA tensor needs backend 'cuda' or 'numba', got "
+                        f"{backend!r} "
                         f"(backends 'cpu', 'reference' and 'numba' take host arrays: NumPy or "
                         f"torch CPU tensors)")
     return target_logits.device

@@ -1,9 +1,10 @@
 """The sampling-parameter primitives where a backend has no kernels for them: refused
 with BackendUnavailable, never a silent fallback.  verify(logits=True) on GPU tensors
-runs on backend "cuda" (tests/gpu/test_gpu_verify_logits.py) and is refused on "numba";
-allocate / propose with top_p, min_p or a per-row top_k on GPU tensors run on "cuda" with
-a top-k support (tests/gpu/test_gpu_filtered_alloc.py) and are refused on "numba", and
-on "cuda" without top_k (a dense support).  Runs where a GPU is present; skips
+runs on backends "cuda" (tests/gpu/test_gpu_verify_logits.py) and "numba"
+(tests/gpu/test_numba_device_logits.py); allocate / propose with top_p, min_p or a
+per-row top_k on GPU tensors run on "cuda" with a top-k support
+(tests/gpu/test_gpu_filtered_alloc.py) and on "numba", and are refused on "cuda" without
+top_k (a dense support).  Runs where a GPU is present; skips
 otherwise."""
 
 import numpy as np
@@ -55,27 +56,6 @@ def test_cuda_backend_host_arrays():
     for name in ("accepted", "tokens", "status"):
         np.testing.assert_array_equal(np.asarray(getattr(got, name)),
                                       np.asarray(getattr(want, name)))
-
-
-def test_numba_verify_logits_on_device_tensors(torch_cuda):
-    _backend("numba")
-    target, draft, keys = _inputs()
-    t = torch_cuda.as_tensor(target, device="cuda")
-    d = torch_cuda.as_tensor(draft, device="cuda")
-    with pytest.raises(BackendUnavailable):
-        dyadic.verify(t, d, None, keys, logits=True, temperature=0.7, backend="numba")
-
-
-def test_numba_filtered_allocate_and_propose_on_device_tensors(torch_cuda):
-    _backend("numba")
-    target, _, keys = _inputs()
-    x = torch_cuda.as_tensor(target[:, 0], device="cuda").contiguous()
-    with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.propose(x, keys, top_p=0.9, backend="numba")
-    with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.allocate(x, logits=True, top_k=4, min_p=0.1, backend="numba")
-    with pytest.raises(BackendUnavailable, match="GPU arrays"):
-        dyadic.propose(x, keys, top_k=np.array([3, 5]), backend="numba")
 
 
 def test_cuda_dense_filtered_on_device_tensors(torch_cuda):

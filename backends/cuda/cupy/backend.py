@@ -150,6 +150,11 @@ class CupyBackend(Backend):
     # --------------------------------------------------------------- runners
     # dyadic._device's call plans: torch tensors in, the launch plan found once.
     def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose, filtered=False):
+        if filtered and not top_k:
+            raise BackendUnavailable(
+                "top_p / min_p without top_k (a dense support): backend 'cuda' has no kernels "
+                "for it on GPU arrays; give top_k, use backend 'numba', or pass host arrays "
+                "to backend 'cpu', 'reference' or 'numba'")
         if filtered and top_k > routes.FILTER_MAX_K:
             raise BackendUnavailable(
                 f"top_k: backend 'cuda' applies top_p / min_p / a per-row top_k to sparse "
