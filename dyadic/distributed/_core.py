@@ -12,12 +12,17 @@ Each rank's local work runs in the CPU backend's shard kernels
 shard's top-k candidates, the merge / allocation / draw on the gathered
 candidates, the dense weights, the target summaries, validation and
 acceptance, the residual masses, the correction draw and the owner's search.
-A CUDA shard of a top-k propose or of verify stays on its GPU: the same
+A CUDA shard stays on its GPU when the cuda backend (CuPy) loads: the same
 functions of ``backends/cuda/cupy/shard.py`` (NVRTC over the same
 ``dyadic_shard.h``) on CuPy arrays, the collectives on CUDA tensors
-(``_propose_device`` / ``_verify_device``; without CuPy, and for dense
-propose, it is copied to the host).  The dense allocation's floors, remainders and radix histograms are
-NumPy on exact uint64 limbs.
+(``_propose_device`` / ``_verify_device``); without CuPy it is copied to the
+host.  The dense allocation after the weights (floors, remainders, radix
+histograms, tie counts, the draw's owner search) is one implementation of
+array code over an array module ``xp``: NumPy on exact uint64 / int64 for host
+shards, CuPy for CUDA shards.  On the device, besides each collective's
+failure flag, a dense propose reads back the candidates' statuses (B int32),
+the weight sums (B x 2 int64) and the floor sums (B int64): replicated per-row
+values from which every rank plans the following rounds.
 
 Collectives of a successful call (a failed call adds one error round;
 docs/distributed.md says why each is needed):
@@ -54,16 +59,6 @@ from ._comm import Comm, close_plan, gather_plan, reduce_plan
 TOTAL = _spec.TOTAL
 U64 = np.uint64
 _POLICY_NAMES = {code: name for name, code in _spec.POLICY_CODES.items()}
-
-
-def _effective_logits(x, b, temperature):
-    """z = (x + b) / T in binary64 (the documented conversion), rows of ``x``
-    (float32 [B, n]); ``b`` None or float32 [1 or B, n]; T float64 [B]."""
-    with np.errstate(all="ignore"):
-        z = x.astype(np.float64)
-        if b is not None:
-            z = z + b.astype(np.float64)
-        return z / temperature[:, None]
 
 
 @dataclass(frozen=True)
@@ -321,24 +316,6 @@ def _prep_propose(local_logits, keys, vocab_offset, vocab_size, temperature, bia
     return x, b2, temp, code, width, kb, off, v, check
 
 
-def _local_top(z, k):
-    """Local indices of the k largest z (ties: lowest index), in no particular order."""
-    n = z.shape[0]
-    if n <= k:
-        return np.arange(n)
-    kth = np.partition(z, n - k)[n - k]
-    gt = np.flatnonzero(z > kth)
-    eq = np.flatnonzero(z == kth)[:k - gt.size]
-    return np.concatenate([gt, eq])
-
-
-def _row_status(z):
-    bad = np.isnan(z) | (z == np.inf)
-    if not bad.any():
-        return 0
-    return _status.X_NAN if np.isnan(z[int(np.argmax(bad))]) else _status.X_POSINF
-
-
 def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, temperature=1.0,
             bias=None, top_k=32, policy="standard", check=True):
     """Sharded ``dyadic.propose``: identical tokens and q on every rank.
@@ -353,8 +330,8 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     vocab_offset, vocab_size : the slice's first global id and the full V.
     group : torch.distributed process group (default: the default group).
     The local math runs in the shard kernels (there is no ``backend``
-    argument): on the GPU for a CUDA tensor with ``top_k`` given when the
-    cuda backend (CuPy) loads, else in the CPU backend's kernels on the host
+    argument): on the GPU for a CUDA tensor when the cuda backend (CuPy)
+    loads (top-k and dense), else in the CPU backend's kernels on the host
     (CUDA tensors copied there), so the compiled CPU backend is required on
     that path (``BackendUnavailable`` otherwise, on every rank).
     check : True or False (identical on every rank; checked).  True: the
@@ -377,7 +354,7 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     """
     comm = Comm(group, "propose")
     try:
-        dk = _device_kernels(local_logits) if top_k is not None else None
+        dk = _device_kernels(local_logits)
         if dk is not None:
             with _device_scope(dk[0], local_logits):
                 return _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size,
@@ -428,17 +405,8 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
                            policy_name)
         tokens = tokens.astype(np.int64)
     else:
-        tokens = np.full(batch, -1, dtype=np.int64)
-        status = np.zeros(batch, dtype=np.int32)
-        merged = _merge_top1(g, t_eff, b2 is not None, status)
-        _status.raise_for_status(status, lambda i: i)
-        counts = _dense_counts(comm, x, b2, t_eff, merged, greedy, code, off, order, status)
-        _status.raise_for_status(status, lambda i: i)
-        if live:
-            _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing)
-        for r in range(batch):
-            if greedy[r]:
-                tokens[r] = merged[r][1][0]
+        tokens, counts = _propose_dense(comm, np, sk, x, b2, t_eff, greedy, code, kb, off, order,
+                                        g, closing)
         q = DyadicShard._of(_output(counts, local_logits), off, v, policy_name)
     out = _output(tokens.astype(np.int32), local_logits)
     comm.close(tokens if check else None)
@@ -446,170 +414,322 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
     return out, q
 
 
-def _merge_top1(g, t_eff, has_bias, status):
-    """Dense propose: every row's (z sorted descending, global ids) of the gathered top-1
-    candidates (g int32 [S, B, 1 + c]), or None for a failed row (status set)."""
-    ncol = 3 if has_bias else 2
-    merged = []
-    for r in range(g.shape[1]):
-        st = next((int(s) for s in g[:, r, 0] if s), 0)
-        if st:
-            status[r] = st
-            merged.append(None)
-            continue
-        cx = g[:, r, 1]
-        cg = g[:, r, ncol]
-        keep = cg >= 0
-        cb = g[:, r, 2][keep].view(np.float32)[None] if has_bias else None
-        cz = _effective_logits(cx[keep].view(np.float32)[None], cb, t_eff[r:r + 1])[0]
-        cg = cg[keep].astype(np.int64)
-        o = np.lexsort((cg, -cz))
-        cz, cg = cz[o], cg[o]
-        if cz.size == 0 or cz[0] == -np.inf:
-            status[r] = _status.X_ZERO_MASS
-            merged.append(None)
-            continue
-        merged.append((cz, cg))
-    return merged
+# ----------------------------------------------------------------------------- dense propose
+#
+# One implementation for both kinds of shard: ``xp`` is NumPy with the CPU shard kernels
+# (host shards) or CuPy with the CUDA shard kernels (CUDA shards).  Every per-row step is
+# array code over [B, n] / [S, B] arrays in exact uint64 / int64 (every operand typed,
+# since uint64 mixed with int64 promotes to float64).  What steers the collectives
+# (which rounds follow, how many radix digits) is decided on the host from replicated
+# per-row scalars that every rank holds after a collective: the weight sums and the
+# floor sums (on the device, one read of each).
+
+I64 = np.int64
 
 
-def _dense_counts(comm, x, b2, t_eff, merged, greedy, code, off, order, status):
-    """This shard's dense counts (uint32 [B, n]); greedy rows one-hot at the argmax.
+def _host(xp, a):
+    """A small replicated array on the host (CuPy: one read of the device)."""
+    return a if xp is np else xp.asnumpy(a)
+
+
+def _f32_bits_to_f64(xp, bits):
+    """float32 bit patterns (int32 [...]) as binary64, exactly as the host's conversion
+    (subnormals, signed zeros, infinities kept; a NaN quiet), by integer operations: no
+    float32 conversion instruction, which flushes subnormals under -ftz on the device,
+    takes part."""
+    b = bits.astype(np.uint32).astype(U64)
+    sign = (b >> U64(31)) << U64(63)
+    e = (b >> U64(23)) & U64(0xFF)
+    m = b & U64(0x7FFFFF)
+    normal = sign | ((e + U64(896)) << U64(52)) | (m << U64(29))
+    quiet = xp.where(m != U64(0), U64(1 << 51), U64(0))  # a NaN comes out quiet, as on the CPU
+    special = sign | U64(0x7FF0000000000000) | quiet | (m << U64(29))
+    z = xp.where(e == U64(0xFF), special, xp.where(e == U64(0), sign, normal)).view(np.float64)
+    sub = m.astype(np.float64) * 2.0 ** -149  # m < 2**23: exact, a normal binary64
+    sub = xp.where(sign != U64(0), -sub, sub)
+    return xp.where((e == U64(0)) & (m != U64(0)), sub, z)
+
+
+def _merge_top1(xp, g, t_eff, has_bias):
+    """Every row's global maximum z, its lowest global id and a status, from the gathered
+    top-1 candidates g int32 [S, B, 1 + c] (shards in id order): (zmax float64 [B], arg
+    int64 [B], status int32 [B]).  status: the first shard's non-zero payload status,
+    else X_ZERO_MASS when no shard has a candidate above -inf.  zmax is the z of the
+    argmax candidate itself (a zero keeps its sign)."""
+    nshards, batch = g.shape[:2]
+    ids = g[:, :, 3 if has_bias else 2].astype(I64)
+    keep = ids >= I64(0)
+    with np.errstate(all="ignore"):
+        z = _f32_bits_to_f64(xp, g[:, :, 1])
+        if has_bias:
+            z = z + _f32_bits_to_f64(xp, g[:, :, 2])
+        z = xp.where(keep, z / t_eff[None, :], -np.inf)
+    top = z.max(axis=0)
+    arg = xp.where(keep & (z == top[None, :]), ids, I64(1 << 62)).min(axis=0)
+    zmax = xp.full(batch, -np.inf, dtype=np.float64)
+    status = xp.zeros(batch, dtype=np.int32)
+    for s in range(nshards - 1, -1, -1):
+        zmax = xp.where(ids[s] == arg, z[s], zmax)
+        status = xp.where(g[s, :, 0] != 0, g[s, :, 0], status)
+    zero = ~(top > -np.inf)
+    status = xp.where((status == 0) & zero, np.int32(_status.X_ZERO_MASS), status)
+    return zmax, arg, status
+
+
+def _propose_dense(comm, xp, sk, x, b2, t_eff, greedy, code, keys, off, order, g, closing):
+    """Dense propose after the candidates round (planned on entry: the weight-sum round
+    when a row is not greedy, else the closing round): (tokens int64 [B], counts uint32
+    [B, n]) as ``xp`` arrays.  x, b2, t_eff, keys: ``xp`` arrays as the kernels ``sk``
+    take them; greedy: host bool [B]; g: the gathered candidates in id order."""
+    zmax, arg, status = _merge_top1(xp, g, t_eff, b2 is not None)
+    _status.raise_for_status(_host(xp, status), lambda i: i)
+    counts, status = _dense_counts(comm, xp, sk, x, b2, t_eff, zmax, arg, greedy, code, off,
+                                   order)
+    _status.raise_for_status(status, lambda i: i)
+    if greedy.all():
+        return arg, counts
+    drawn = _dense_draw(comm, xp, sk, counts, xp.asarray(~greedy), keys, off, order, closing)
+    return xp.where(xp.asarray(greedy), arg, drawn), counts
+
+
+def _dense_counts(comm, xp, sk, x, b2, t_eff, zmax, arg, greedy, code, off, order):
+    """This shard's dense counts (uint32 [B, n], ``xp``) and the rows' statuses (int32
+    [B], host: X_ZERO_MASS, ALLOC_INCONSISTENT); greedy rows one-hot at the argmax.
 
     Planned on entry: the weight-sum round when a row is not greedy (else the
     closing round, and no collective happens here); leaves the draw's count-sum
     round planned.
     """
     batch, n = x.shape
-    counts = np.zeros((batch, n), dtype=np.uint64)
-    live = [r for r in range(batch) if not greedy[r]]
+    status = np.zeros(batch, dtype=np.int32)
+    counts = xp.zeros((batch, n), dtype=U64)
+    if not greedy.all():
+        counts = _dense_alloc(comm, xp, sk, x, b2, t_eff, zmax, arg, greedy, code, off, order,
+                              status)
+    if greedy.any():  # a greedy row's counts are 0 so far: 2**24 at the argmax
+        counts = _add_at(xp, counts, arg - I64(off),
+                         xp.where(xp.asarray(greedy), U64(TOTAL), U64(0)))
+    return counts.astype(np.uint32), status
+
+
+def _add_at(xp, c, col, val):
+    """c[b, col[b]] += val[b] (uint64) for the rows whose column col[b] (a local id, int64)
+    lies in [0, n); returns c."""
+    batch, n = c.shape
+    if n == 0:
+        return c
+    inside = (col >= I64(0)) & (col < I64(n))
+    c[xp.arange(batch), xp.where(inside, col, I64(0))] += xp.where(inside, val, U64(0))
+    return c
+
+
+def _dense_alloc(comm, xp, sk, x, b2, t_eff, zmax, arg, greedy, code, off, order, status):
+    """The counts (uint64 [B, n]) of the rows that are not greedy (0 elsewhere): weights,
+    floors and remainders, then the remaining tickets by the policy.  Sets ``status``
+    (host) of rows whose weights sum to 0 or whose floor sum is inconsistent."""
+    batch, n = x.shape
     draw_sums = gather_plan((batch,))
     standard = code == _spec.POLICY_CODES[_spec.POLICY_STANDARD]
-    if live:
-        zmax = np.array([merged[r][0][0] if not greedy[r] else 0.0 for r in range(batch)])
-        w = np.empty((batch, n), dtype=np.uint64)
-        wsum = np.empty((batch, 2), dtype=np.uint64)
-        _host_kernels().dense_weights(x, b2, t_eff, zmax, (~greedy).astype(np.uint8), w, wsum)
-        sums = wsum.astype(np.int64)
-        tot = comm.all_reduce(sums, "sum")
-        s_tot = {r: (int(tot[r, 0]) << 32) + int(tot[r, 1]) for r in live}
-        live = [r for r in live if s_tot[r] > 0]
-        comm.plan(reduce_plan((batch, 1 + (256 if standard else 0)), "sum") if live
-                  else draw_sums)
-        for r in s_tot:
-            if s_tot[r] <= 0:
-                status[r] = _status.X_ZERO_MASS
-        base, rem = {}, {}
-        for r in live:
-            mw = w[r] << U64(_spec.TOTAL_BITS)
-            base[r], rem[r] = mw // U64(s_tot[r]), mw % U64(s_tot[r])
-        base_sum = np.zeros(batch, dtype=np.int64)
-        for r in live:
-            base_sum[r] = int(base[r].sum(dtype=U64))
-        need = {}
-        prefix = {r: 0 for r in live}
-        # global floor sum (and, for the standard policy, the first radix histogram)
-        top = max([s_tot[r].bit_length() for r in live] + [1])
-        digit0 = (top - 1) // 8 if standard else -1
-        pay = np.zeros((batch, 1 + (256 if standard else 0)), dtype=np.int64)
-        pay[:, 0] = base_sum
-        if standard:
-            for r in live:
-                pay[r, 1:] = np.bincount(
-                    ((rem[r] >> U64(8 * digit0)) & U64(0xFF)).astype(np.intp), minlength=256)
-        red = comm.all_reduce(pay, "sum") if live else pay
-        for r in live:
-            remaining = TOTAL - int(red[r, 0])
-            if not 0 <= remaining < TOTAL:
-                status[r] = _status.ALLOC_INCONSISTENT
-            need[r] = remaining
-        live = [r for r in live if not status[r]]
-        # A positive need stays positive through the radix digits (each digit keeps the
-        # tickets still owed to values equal to the prefix), so the histogram rounds are
-        # the digits below digit0 when any row still owes tickets, else none.
-        radix = standard and any(need[r] for r in live)
-        hist_plan = reduce_plan((batch, 256), "sum")
-        extra_plan = gather_plan((batch, 3)) if live else draw_sums
-        comm.plan(hist_plan if radix and digit0 > 0 else extra_plan)
-        if radix:
-            # radix select of the `remaining`-th largest remainder, 8 bits per round
-            hist = red[:, 1:]
-            for d in range(digit0, -1, -1):
-                if d < digit0:
-                    hist = np.zeros((batch, 256), dtype=np.int64)
-                    for r in live:
-                        if need[r]:
-                            sel = (rem[r] >> U64(8 * d + 8)) == U64(prefix[r] >> (8 * d + 8))
-                            hist[r] = np.bincount(
-                                ((rem[r][sel] >> U64(8 * d)) & U64(0xFF)).astype(np.intp),
-                                minlength=256)
-                    hist = comm.all_reduce(hist, "sum", then=hist_plan if d else extra_plan)
-                for r in live:
-                    if not need[r]:
-                        continue
-                    acc = 0
-                    for t in range(255, -1, -1):
-                        h = int(hist[r, t])
-                        if acc + h >= need[r]:
-                            need[r] -= acc
-                            prefix[r] |= t << (8 * d)
-                            break
-                        acc += h
-        # after the last digit, prefix is the threshold value: need[r] values equal
-        # to it are still to be taken (lowest global ids first), every larger one is in
-        extra = np.zeros((batch, 3), dtype=np.int64)  # ties, above, base sum (per shard)
-        thr = {}
-        for r in live:
-            extra[r, 2] = base_sum[r]
-            if standard and TOTAL - int(red[r, 0]) > 0:
-                thr[r] = prefix[r]
-                extra[r, 0] = int((rem[r] == U64(thr[r])).sum())
-                extra[r, 1] = int((rem[r] > U64(thr[r])).sum())
-        g = comm.all_gather(extra, then=draw_sums)[order] if live else None
-        for r in live:
-            c = base[r].copy()
-            if standard and r in thr:
-                c += (rem[r] > U64(thr[r])).astype(U64)
-                above = int(g[:, r, 1].sum())
-                ties_left = TOTAL - int(red[r, 0]) - above
-                for s, rank_ties in enumerate(g[:, r, 0].tolist()):
-                    take = max(0, min(rank_ties, ties_left))
-                    if order[s] == comm.rank and take:
-                        tie_idx = np.flatnonzero(rem[r] == U64(thr[r]))[:take]
-                        c[tie_idx] += U64(1)
-                    ties_left -= take
-            elif not standard:
-                arg = int(merged[r][1][0])
-                if off <= arg < off + n:
-                    c[arg - off] += U64(TOTAL - int(red[r, 0]))
-            counts[r] = c
-    for r in range(batch):
-        if greedy[r] and merged[r] is not None:
-            arg = int(merged[r][1][0])
-            if off <= arg < off + n:
-                counts[r, arg - off] = TOTAL
-    return counts.astype(np.uint32)
+    live = ~greedy
+    w = xp.empty((batch, n), dtype=U64)
+    wsum = xp.empty((batch, 2), dtype=U64)
+    sk.dense_weights(x, b2, t_eff, zmax, xp.asarray(live.astype(np.uint8)), w, wsum)
+    tot = _host(xp, comm.all_reduce(wsum.astype(I64), "sum"))
+    s_tot = (tot[:, 0].astype(U64) << U64(32)) + tot[:, 1].astype(U64)  # exact: S <= 2**63
+    status[live & (s_tot == 0)] = _status.X_ZERO_MASS
+    live &= s_tot > 0
+    width = 1 + (256 if standard else 0)
+    comm.plan(reduce_plan((batch, width), "sum") if live.any() else draw_sums)
+    base, rem = _floors(xp, w, s_tot, live)
+    base_sum = base.sum(axis=1, dtype=U64).astype(I64)
+    # global floor sum (and, for the standard policy, the first radix histogram)
+    top = max([int(s).bit_length() for s in s_tot[live]] + [1])
+    digit0 = (top - 1) // 8
+    pay = xp.zeros((batch, width), dtype=I64)
+    pay[:, 0] = base_sum
+    if standard:
+        pay[:, 1:] = _digit_hist(xp, rem, 8 * digit0, xp.asarray(live)[:, None])
+    red = comm.all_reduce(pay, "sum") if live.any() else pay
+    remaining = I64(TOTAL) - _host(xp, red[:, 0]).astype(I64)
+    bad = live & ((remaining < 0) | (remaining >= TOTAL))
+    status[bad] = _status.ALLOC_INCONSISTENT
+    live &= ~bad
+    need = np.where(live, remaining, I64(0))
+    # A positive need stays positive through the radix digits (each digit keeps the
+    # tickets still owed to values equal to the prefix), so the histogram rounds are
+    # the digits below digit0 when any row still owes tickets, else none.
+    radix = standard and bool((need > 0).any())
+    hist_plan = reduce_plan((batch, 256), "sum")
+    extra_plan = gather_plan((batch, 3)) if live.any() else draw_sums
+    comm.plan(hist_plan if radix and digit0 > 0 else extra_plan)
+    if not live.any():
+        return xp.zeros((batch, n), dtype=U64)
+    thr = xp.zeros(batch, dtype=U64)
+    if radix:
+        thr = _radix_threshold(comm, xp, rem, red[:, 1:], xp.asarray(need), digit0, hist_plan,
+                               extra_plan)
+    # after the last digit, thr is the threshold value: need[r] values equal to it are
+    # still to be taken (lowest global ids first), every larger one is in.  Rows without
+    # a threshold compare with 2**64 - 1, which no remainder reaches (rem < S <= 2**63).
+    live_x = xp.asarray(live)
+    ties_rows = live & (remaining > 0) if standard else np.zeros(batch, dtype=bool)
+    thr = xp.where(xp.asarray(ties_rows), thr, U64(2**64 - 1))
+    eq = rem == thr[:, None]
+    gt = rem > thr[:, None]
+    extra = xp.zeros((batch, 3), dtype=I64)  # ties, above, base sum (per shard)
+    extra[:, 0] = xp.count_nonzero(eq, axis=1)
+    extra[:, 1] = xp.count_nonzero(gt, axis=1)
+    extra[:, 2] = xp.where(live_x, base_sum, I64(0))
+    g = comm.all_gather(extra, then=draw_sums)[order]
+    left = xp.asarray(np.where(live, remaining, I64(0)))
+    c = base
+    if standard:
+        c += gt
+        if comm.rank in order:
+            c += _ties_taken(xp, eq, g, left, order.index(comm.rank))
+    else:  # floor-first: the argmax owner adds the remaining tickets
+        c = _add_at(xp, c, arg - I64(off), left.astype(U64))
+    if bad.any():  # rows that raise: their counts are not used
+        c = xp.where(live_x[:, None], c, U64(0))
+    return c
 
 
-def _dense_draw(comm, counts, greedy, kb, off, order, tokens, closing):
-    """Tokens of the rows that are not greedy (planned on entry: the count-sum round)."""
+def _floors(xp, w, s_tot, live):
+    """(base, rem) = (floor(w 2**24 / S), w 2**24 mod S) (uint64 [B, n]) of the live rows,
+    0 elsewhere; exact (w <= 2**39).  Consumes ``w``: rem is computed in its memory.  Row
+    by row, so that the divisor is a scalar: NumPy divides by a scalar through a
+    precomputed reciprocal, several times faster than by a broadcast array."""
+    rem = w
+    rem <<= U64(_spec.TOTAL_BITS)
+    base = xp.empty_like(rem)
+    dead = np.flatnonzero(~live)
+    if dead.size:
+        rem[xp.asarray(dead)] = U64(0)
+        base[xp.asarray(dead)] = U64(0)
+    for r in np.flatnonzero(live):
+        s = U64(s_tot[r])
+        xp.floor_divide(rem[r], s, out=base[r])
+        rem[r] -= base[r] * s
+    return base, rem
+
+
+def _digit_hist(xp, rem, shift, sel):
+    """int64 [B, 256]: per row, how many remainders selected by ``sel`` (bool [B, 1]: whole
+    rows, or [B, n]) have each 8-bit digit (rem >> shift) & 0xFF.  NumPy: bincount row by
+    row; CuPy: cupyx.scatter_add of the selection flags per (row, digit)
+    (cupy.bincount and boolean indexing read the device)."""
+    batch, n = rem.shape
+    if xp is np:
+        hist = np.zeros((batch, 256), dtype=I64)
+        for r in np.flatnonzero(sel.any(axis=1)):
+            vals = rem[r] if sel.shape[1] == 1 else rem[r][sel[r]]
+            hist[r] = np.bincount(((vals >> U64(shift)) & U64(0xFF)).astype(np.intp),
+                                  minlength=256)
+        return hist
+    if n == 0:
+        return xp.zeros((batch, 256), dtype=I64)
+    import cupyx
+    key = ((rem >> U64(shift)) & U64(0xFF)) | (xp.arange(batch, dtype=U64) << U64(8))[:, None]
+    flags = xp.broadcast_to(sel, rem.shape).astype(U64)
+    hist = xp.zeros(batch * 256, dtype=U64)
+    cupyx.scatter_add(hist, key.reshape(-1).astype(I64), flags.reshape(-1))
+    return hist.astype(I64).reshape(batch, 256)
+
+
+def _radix_threshold(comm, xp, rem, hist, need, digit0, hist_plan, extra_plan):
+    """Every row's need[r]-th largest remainder (rows with need[r] > 0; 0 elsewhere) by an
+    exact radix select, 8 bits a digit from digit0 down: ``hist`` is the all-reduced
+    histogram of digit0; each further digit's histogram (of the remainders that match
+    the prefix so far) is all-reduced in a round of its own."""
+    prefix = xp.zeros(rem.shape[0], dtype=U64)
+    for d in range(digit0, -1, -1):
+        if d < digit0:
+            # the remainders whose digits above d are the prefix's: [lo, lo + 2**(8d+8));
+            # rows that owe nothing get the empty range [0, 0)
+            owes = need > I64(0)
+            lo = xp.where(owes, (prefix >> U64(8 * d + 8)) << U64(8 * d + 8), U64(0))
+            hi = xp.where(owes, lo + U64(1 << (8 * d + 8)), U64(0))
+            sel = (rem >= lo[:, None]) & (rem < hi[:, None])
+            hist = comm.all_reduce(_digit_hist(xp, rem, 8 * d, sel), "sum",
+                                   then=hist_plan if d else extra_plan)
+        need, prefix = _radix_digit(xp, hist, need, prefix, d)
+    return prefix
+
+
+def _radix_digit(xp, hist, need, prefix, d):
+    """One digit of the radix select for the rows with need > 0: the largest digit t whose
+    count from the top (sum of hist[t:]) reaches need; then need -= the count above t
+    and prefix |= t << 8d."""
+    batch = hist.shape[0]
+    upto = xp.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # upto[:, t] = sum(hist[:, t:])
+    above = xp.concatenate([upto[:, 1:], xp.zeros((batch, 1), dtype=I64)], axis=1)
+    t = xp.count_nonzero(upto >= need[:, None], axis=1).astype(I64) - I64(1)
+    ok = (need > I64(0)) & (t >= I64(0))
+    t = xp.maximum(t, I64(0))
+    acc = xp.take_along_axis(above, t[:, None], axis=1)[:, 0]
+    need = xp.where(ok, need - acc, need)
+    prefix = xp.where(ok, prefix | (t.astype(U64) << U64(8 * d)), prefix)
+    return need, prefix
+
+
+def _ties_taken(xp, eq, g, left, mine):
+    """bool [B, n]: the ties (eq: remainders equal to the threshold) this shard gives +1.
+    Of a row's left - (every shard's count above the threshold) ties still owed, the
+    lowest global ids get them: shard by shard in id order (g int64 [S, B, 3]: ties,
+    above, base sum of each shard), within a shard in id order; mine: this shard's
+    index in g."""
+    ties = g[:, :, 0]
+    owed = left - g[:, :, 1].sum(axis=0) - ties[:mine].sum(axis=0)
+    take = xp.minimum(xp.maximum(owed, I64(0)), ties[mine])
+    # the take-th tie is at the first column where the running tie count exceeds take - 1
+    upto = xp.where(take > I64(0), _first_over(xp, eq, take - I64(1)) + I64(1), I64(0))
+    return eq & (xp.arange(eq.shape[1], dtype=I64)[None, :] < upto[:, None])
+
+
+def _first_over(xp, v, target, block=256):
+    """int64 [B]: per row, the index of the first entry of v (non-negative integers or
+    bool, [B, n]) at which the running sum exceeds target[b] (n if none), i.e. how many
+    leading running sums are <= target[b]: exact block sums, then the running sum within
+    the one block that passes target[b]."""
+    batch, n = v.shape
+    if n == 0:
+        return xp.zeros(batch, dtype=I64)
+    nb, full = -(-n // block), n // block
+    sums = v[:, :full * block].reshape(batch, full, block).sum(axis=2, dtype=I64)
+    if full < nb:
+        sums = xp.concatenate([sums, v[:, full * block:].sum(axis=1, dtype=I64)[:, None]], axis=1)
+    ends = xp.cumsum(sums, axis=1)  # running sums at the blocks' ends
+    at = xp.minimum(xp.count_nonzero(ends <= target[:, None], axis=1).astype(I64), I64(nb - 1))
+    start = xp.take_along_axis(ends, xp.maximum(at - I64(1), I64(0))[:, None], axis=1)[:, 0]
+    start = xp.where(at > I64(0), start, I64(0))
+    cols = at[:, None] * I64(block) + xp.arange(block, dtype=I64)[None, :]
+    inside = cols < I64(n)
+    inner = xp.take_along_axis(v, xp.where(inside, cols, I64(0)), axis=1).astype(I64)
+    inner = xp.cumsum(xp.where(inside, inner, I64(0)), axis=1)
+    within = xp.count_nonzero(inner <= (target - start)[:, None], axis=1).astype(I64)
+    return xp.minimum(at * I64(block) + within, I64(n))
+
+
+def _dense_draw(comm, xp, sk, counts, live, keys, off, order, closing):
+    """The tokens of the rows with ``live`` (int64 [B], -1 elsewhere), planned on entry:
+    the count-sum round.  The ticket's owner is the first shard whose cumulative count
+    exceeds it; the owner finds the token by first-exceeding within its ids, and an
+    all-reduce (max) gives every rank the global id."""
     batch, n = counts.shape
-    sums = counts.astype(np.int64).sum(axis=1)
-    g = comm.all_gather(sums, then=reduce_plan((batch,), "max"))[order]
-    tickets = np.empty(batch, dtype=np.int64)
-    _host_kernels().proposal_tickets(*kb, tickets)
-    live = ~np.asarray(greedy, dtype=bool)
-    # the owner of row r: the first shard whose cumulative count exceeds the ticket
-    cum = np.cumsum(g, axis=0)
-    owner = (cum > tickets[None, :]).argmax(axis=0)
-    mine = live & (np.asarray(order)[owner] == comm.rank)
-    local = np.full(batch, -1, dtype=np.int64)
-    for r in np.flatnonzero(mine):
-        before = int(cum[owner[r], r] - g[owner[r], r])
-        cs = np.cumsum(counts[r].astype(np.int64))
-        local[r] = off + int(np.searchsorted(cs, int(tickets[r]) - before, side="right"))
-    red = comm.all_reduce(local, "max", then=closing)
-    tokens[live] = red[live]
+    g = comm.all_gather(counts.sum(axis=1, dtype=I64), then=reduce_plan((batch,), "max"))[order]
+    tickets = xp.empty(batch, dtype=I64)
+    sk.proposal_tickets(*keys, tickets)
+    cum = xp.cumsum(g, axis=0)
+    # the first shard whose cumulative count exceeds the ticket (counts are >= 0, so cum
+    # is non-decreasing over the shards); shard 0 if none does (every row sums to 2**24)
+    owner = xp.count_nonzero(cum <= tickets[None, :], axis=0).astype(I64)
+    owner = xp.where(owner < I64(len(order)), owner, I64(0))
+    rows = xp.arange(batch)
+    before = (cum - g)[owner, rows]
+    mine = live & (xp.asarray(np.asarray(order, dtype=I64))[owner] == I64(comm.rank))
+    local = _first_over(xp, counts, tickets - before)
+    red = comm.all_reduce(xp.where(mine, local + I64(off), I64(-1)), "max", then=closing)
+    return xp.where(live, red, I64(-1))
 
 
 # ----------------------------------------------------------------------------- verify
@@ -899,39 +1019,48 @@ def _raise_dev(cp, *statuses):
 
 def _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size, temperature, bias,
                     top_k, policy, check):
-    """Sparse propose with this rank's shard on the device (the host path's steps and
-    checks in the same order; the shard kernels of backends/cuda/cupy/shard.py)."""
+    """propose with this rank's shard on the device (the host path's steps, checks and
+    collectives in the same order; the shard kernels of backends/cuda/cupy/shard.py,
+    and the dense allocation's array code on CuPy)."""
     cp, sk = dk
     x, b2, temp, code, width, kb, off, v, check = _prep_propose(
         local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k, policy, check,
         cp)
     batch, n = x.shape
     comm.on_device(cp)
-    hdr = comm.header(off, n, [v, batch, width, code, b2 is not None, _crc(temp), _crc(*kb),
-                               check])
+    hdr = comm.header(off, n, [v, batch, width or 0, code, b2 is not None, _crc(temp),
+                               _crc(*kb), check])
     order, _ = _layout(hdr, _PROPOSE_FIELDS)
     greedy = temp == 0
+    live = not greedy.all()
+    kcand = width or 1
     ncol = 3 if b2 is not None else 2
     closing = close_plan(batch if check else 0)
-    comm.plan(gather_plan((batch, 1 + width * ncol), np.int32))
+    comm.plan(gather_plan((batch, 1 + kcand * ncol), np.int32))
 
     t_eff = _up(cp, np.where(greedy, 1.0, temp), np.float64)
     greedy_u8 = _up(cp, greedy, np.uint8)
-    seed, gen, rnd, pos = (_up(cp, a) for a in kb)
-    payload = cp.empty((batch, 1 + width * ncol), dtype=np.int32)
-    sk.topk(x, b2, t_eff, greedy_u8, width, off, v, payload)
-    g = cp.ascontiguousarray(comm.all_gather(payload, then=closing)[order])
-    # merge, allocation and draw: identical on every rank
-    tokens = cp.empty(batch, dtype=np.int32)
-    counts = cp.empty((batch, width), dtype=np.uint32)
-    ids = cp.empty((batch, width), dtype=np.int32)
-    status = cp.empty(batch, dtype=np.int32)
-    alloc_status = cp.empty(batch, dtype=np.int32)
-    sk.merge(g, b2 is not None, width, t_eff, greedy_u8, code, v, width, seed, gen, rnd, pos,
-             tokens, counts, ids, status, alloc_status)
-    _raise_dev(cp, status, alloc_status)
-    q = trusted_dyadic(_out_dev(counts), _out_dev(ids), v, _POLICY_NAMES[code])
-    out = _out_dev(tokens)
+    keys_dev = tuple(_up(cp, a) for a in kb)
+    payload = cp.empty((batch, 1 + kcand * ncol), dtype=np.int32)
+    sk.topk(x, b2, t_eff, greedy_u8, kcand, off, v, payload)
+    after = closing if width or not live else reduce_plan((batch, 2), "sum")
+    g = cp.ascontiguousarray(comm.all_gather(payload, then=after)[order])
+    if width:
+        # merge, allocation and draw: identical on every rank
+        tokens = cp.empty(batch, dtype=np.int32)
+        counts = cp.empty((batch, width), dtype=np.uint32)
+        ids = cp.empty((batch, width), dtype=np.int32)
+        status = cp.empty(batch, dtype=np.int32)
+        alloc_status = cp.empty(batch, dtype=np.int32)
+        sk.merge(g, b2 is not None, width, t_eff, greedy_u8, code, v, width, *keys_dev,
+                 tokens, counts, ids, status, alloc_status)
+        _raise_dev(cp, status, alloc_status)
+        q = trusted_dyadic(_out_dev(counts), _out_dev(ids), v, _POLICY_NAMES[code])
+    else:
+        tokens, counts = _propose_dense(comm, cp, sk, x, b2, t_eff, greedy, code, keys_dev, off,
+                                        order, g, closing)
+        q = DyadicShard._of(_out_dev(counts), off, v, _POLICY_NAMES[code])
+    out = _out_dev(tokens.astype(np.int32))
     comm.close(tokens if check else None)
     _finish(comm, "propose", batch, 1)
     return out, q

@@ -7,13 +7,14 @@
 Each rank is a spawned process on 127.0.0.1 (gloo: CPU tensors; nccl: rank r
 on cuda:r with its shard as a CUDA tensor; gloo with ``--shards cuda``: every
 rank's shard a CUDA tensor on GPU 0, the collectives' tensors on the device
-too).  CUDA shards take the device path (the CUDA shard kernels);
-``--host-kernels`` measures the fallback route instead (the ranks copy CUDA
-shards to the host and run the CPU shard kernels, as without CuPy).  Dense
-propose runs on the host either way.  The unsharded baseline is
-``dyadic.propose`` / ``dyadic.verify`` on the full vocabulary in one process
-(backend ``cpu``, and with CUDA shards also ``cuda`` on one GPU).  Times are medians per call divided by the
-positions in the call (B for propose, B * (k+1) for verify).
+too).  CUDA shards take the device path (the CUDA shard kernels, and for
+dense propose the allocation's array code on CuPy); ``--host-kernels``
+measures the fallback route instead (the ranks copy CUDA shards to the host
+and run the CPU shard kernels and NumPy, as without CuPy).  The unsharded
+baseline is ``dyadic.propose`` / ``dyadic.verify`` on the full vocabulary in
+one process (backend ``cpu``, and with CUDA shards also ``cuda`` on one GPU).
+Times are medians per call divided by the positions in the call (B for
+propose, B * (k+1) for verify).
 """
 
 import argparse

@@ -280,6 +280,126 @@ def error_cases(rank, world, backend):
     return out
 
 
+def dense_cases(rank, world, rng_seed, n_cases):
+    """Dense propose with this rank's slice as a CUDA tensor (the device path): tokens and
+    the gathered q against the unsharded ``backend="cuda"`` and ``backend="cpu"`` calls
+    and against the same case with NumPy shards (the host path), with the same
+    collectives and bytes; rows with a bad value raise the unsharded call's error.
+    Returns (outcomes, fails, how many dense calls ran on CuPy / on NumPy)."""
+    import torch
+
+    import dyadic
+    import dyadic.distributed as dd
+    from dyadic.distributed import _core
+
+    ran = {"cupy": 0, "numpy": 0}
+    inner = _core._propose_dense
+
+    def spy(comm, xp, *args):
+        ran[xp.__name__] += 1
+        return inner(comm, xp, *args)
+
+    _core._propose_dense = spy
+    results, fails = [], []
+    rng = np.random.default_rng(rng_seed)
+    case = 0
+    try:
+        for v in (1, 7, 300, 5000):
+            for b in (1, 3, 8):
+                for policy in ("standard", "floor-first"):
+                    case += 1
+                    if n_cases and case > n_cases:
+                        return results, fails, ran
+                    kind = ("random", "ties", "flat", "wide")[case % 4]
+                    x = _logits(rng, b, v, kind)
+                    bias = None
+                    if case % 3 == 1:
+                        bias = rng.normal(0, 1, v).astype(np.float32)
+                        bias[rng.random(v) < 0.2] = -np.inf
+                    elif case % 3 == 2:
+                        bias = rng.normal(0, 1, (b, v)).astype(np.float32)
+                    temp = rng.choice([0.0, 0.7, 1.0, 1.3, 40.0], size=b)
+                    if case % 5 == 0:
+                        temp[:] = 0.0  # every row greedy
+                    keys = dyadic.Keys(seed=int(rng.integers(0, 2**63)), round=1,
+                                       position=rng.integers(0, 2**31, size=b))
+                    for split in _splits(v, world, rng, permute=bool(case % 2)):
+                        lo, hi = split[rank]
+                        xm = x.copy()
+                        if v >= 7 and rng.random() < 0.3:  # mask a whole shard
+                            s_lo, s_hi = split[int(rng.integers(0, world))]
+                            xm[:, s_lo:s_hi] = -np.inf
+                        bad = v >= 2 and b >= 2 and rng.random() < 0.2
+                        if bad:  # a bad value in row 1 (its owner alone sees it)
+                            xm[1, int(rng.integers(0, v))] = np.nan if case % 2 else np.inf
+                        kw = dict(temperature=temp, top_k=None, policy=policy)
+                        exp = {be: _outcome(lambda: _prop_digest(dyadic.propose(
+                            xm, keys, bias=bias, backend=be, **kw))) for be in ("cpu", "cuda")}
+
+                        def sharded(to_local):
+                            bl = None if bias is None else to_local(
+                                np.ascontiguousarray(bias[..., lo:hi]))
+                            out = dd.propose(to_local(np.ascontiguousarray(xm[:, lo:hi])), keys,
+                                             vocab_offset=lo, vocab_size=v, bias=bl, **kw)
+                            return out, dd.last_exchange
+
+                        kinds = []
+
+                        def on_device():
+                            (tokens, q), st = sharded(lambda a: torch.from_numpy(a).cuda())
+                            kinds.append((tokens.is_cuda, tokens.dtype, q.counts.is_cuda,
+                                          q.counts.dtype))
+                            return (_prop_digest(_gather_dense((tokens, q), rank, world)),
+                                    st.collectives, st.bytes_sent)
+
+                        def on_host():
+                            res, st = sharded(lambda a: a)
+                            return (_prop_digest(_gather_dense(res, rank, world)),
+                                    st.collectives, st.bytes_sent)
+
+                        before = ran["cupy"]
+                        got = _outcome(on_device)
+                        host = _outcome(on_host)
+                        results.append((got[0], got[1][0] if got[0] == "ok" else got[1]))
+                        what = (f"dense case {case} v={v} b={b} {kind} {policy} "
+                                f"bias={None if bias is None else bias.shape} split={split}")
+                        if got[0] == "ok" and ran["cupy"] != before + 1:
+                            fails.append(f"{what}: the CUDA shard did not take the device path")
+                        if kinds and kinds[0] != (True, torch.int32, True, torch.uint32):
+                            fails.append(f"{what}: outputs (tokens on CUDA, dtype, counts on "
+                                         f"CUDA, dtype) = {kinds[0]}; expected CUDA int32 / "
+                                         f"uint32 tensors")
+                        if got != host:
+                            fails.append(f"{what}: device {got}, host shards {host}")
+                        for be, e in exp.items():
+                            mine = (got[0], got[1][0] if got[0] == "ok" else got[1])
+                            if mine != e:
+                                fails.append(f"{what}: got {mine}, unsharded {be} {e}")
+                        if bad and got[0] != "ValueError":
+                            fails.append(f"{what}: a bad row did not raise: {got}")
+    finally:
+        _core._propose_dense = inner
+    return results, fails, ran
+
+
+def dense_worker(rank, world, port, backend, queue, n_cases, device):
+    """dense_cases on gloo ranks sharing GPU 0 (the arguments of ``worker``)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        torch.cuda.set_device(0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=60))
+        res, fails, ran = dense_cases(rank, world, 4321 + world, n_cases)
+        queue.put((rank, "done", {"dense": res, "fails": fails, "ran": ran}))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent test
+        queue.put((rank, "crash", traceback.format_exc()))
+
+
 def worker(rank, world, port, backend, queue, n_cases, device):
     import torch
     import torch.distributed as dist

@@ -39,13 +39,15 @@ def _backend():
     return "cpu" if "cpu" in dyadic.available_backends() else "reference"
 
 
-def _run(world, device="cpu", n_cases=0):
+def _run(world, device="cpu", n_cases=0, target=None):
+    """Run ``target`` (default: cases.worker) on ``world`` spawned gloo / NCCL ranks;
+    returns each rank's result dict."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=cases.worker,
+    procs = [ctx.Process(target=target or cases.worker,
                          args=(r, world, port, _backend(), queue, n_cases, device), daemon=True)
              for r in range(world)]
     for p in procs:

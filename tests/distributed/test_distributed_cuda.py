@@ -8,7 +8,10 @@ result is compared with the unsharded ``backend="cpu"`` call (results and
 error texts) and, where it succeeds, with the unsharded ``backend="cuda"``
 call; the outcomes are compared with those of the same cases with NumPy shards
 (the host kernels); errors that one rank sees are raised identically on every
-rank.  Skips without torch, a CUDA GPU or the cuda backend (CuPy).
+rank.  Dense propose has cases of its own (test_gloo_cuda_dense_propose: 2 - 4
+ranks, several batch sizes, greedy rows, both policies, bias on and off, rows
+with a bad value), each checked to run on the device.  Skips without torch, a
+CUDA GPU or the cuda backend (CuPy).
 """
 
 import os
@@ -20,6 +23,7 @@ torch = pytest.importorskip("torch", reason="torch is an optional dependency of 
                             "dyadic.distributed")
 
 sys.path.insert(0, os.path.dirname(__file__))
+import _distributed_cases as cases  # noqa: E402
 import test_distributed as td  # noqa: E402
 
 import dyadic  # noqa: E402
@@ -46,3 +50,18 @@ def test_gloo_cuda_shards(world):
     host = td._run(world)  # the same cases with NumPy shards (the host kernels)
     for key in ("propose", "verify", "errors"):
         assert res[0][key] == host[0][key], f"device and host shards differ on {key}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gloo_cuda_dense_propose(world):
+    """Dense propose with CUDA shards runs on the device (CuPy, the CUDA shard kernels) and
+    equals, bit for bit, the unsharded cuda and cpu calls and the same call with NumPy
+    shards (with the same collectives and bytes); a row with NaN / +inf on one rank
+    raises the unsharded call's ValueError on every rank."""
+    res = td._run(world, device="cuda-shard", target=cases.dense_worker)
+    for r in range(world):
+        assert not res[r]["fails"], "\n".join(res[r]["fails"][:10])
+        assert res[r]["dense"] == res[0]["dense"], f"rank {r} disagrees with rank 0"
+    outcomes = [k for k, _ in res[0]["dense"]]
+    assert outcomes.count("ok") > 50 and outcomes.count("ValueError") > 0
+    assert res[0]["ran"]["cupy"] >= outcomes.count("ok")

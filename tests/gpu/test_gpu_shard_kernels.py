@@ -117,6 +117,79 @@ def test_topk_merge(mods, kind, v):
                     _eq(cp, a, d, f"merge {name} k={k} policy={policy} bias={bias_kind}")
 
 
+def _z_max(x, bias, temp):
+    """Every row's largest z = (x + b) / T in binary64 (NaN-free rows), as the sharded
+    propose's merge finds it: the dense weights' gaps zmax - z are then >= 0."""
+    z = x.astype(np.float64)
+    if bias is not None:
+        z = z + bias.astype(np.float64)
+    with np.errstate(all="ignore"):
+        z = z / temp[:, None]
+    return z.max(axis=1) if z.shape[1] else np.full(z.shape[0], -np.inf)
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "subnormal", "neginf", "wide"])
+@pytest.mark.parametrize("v", [1, 7, 300, 5000, 70000])
+def test_dense_weights(mods, kind, v):
+    """dense_weights (sh_dense_weights: several blocks per row, each thread the header's
+    loop over a segment) == the CPU's, weights and limb sums, on every shard of a split:
+    random and adversarial rows (-inf rows and masks, ties, float32 subnormals and signed
+    zeros, huge and tiny temperatures, bias [1, n] / [B, n] with -inf entries), zmax the
+    row's global maximum z or above it (every gap >= 0), unflagged rows zero."""
+    cp, hk, dk = mods
+    rng = np.random.default_rng(v * 3 + len(kind))
+    b = 6
+    x = _logits(rng, b, v, "random" if kind == "wide" else kind)
+    if kind == "wide":
+        x = (x * 30).astype(np.float32)
+    temps = (np.array([1.0, 0.7, 1e-300, 1e300, 3.0, 1.0]),
+             np.array([1.3, 1.0, 1.0, 0.25, 1e-30, 7.0]))
+    rows = np.array([1, 1, 1, 0, 1, 1], np.uint8)
+    cuts = [0] + sorted(rng.integers(0, v + 1, 2).tolist()) + [v]
+    for bias_kind in (None, "one", "rows"):
+        bias = None
+        if bias_kind == "one":
+            bias = rng.normal(0, 1, (1, v)).astype(np.float32)
+            bias[0, rng.random(v) < 0.2] = -np.inf
+        elif bias_kind == "rows":
+            bias = rng.normal(0, 2, (b, v)).astype(np.float32)
+        for temp in temps:
+            zmax = _z_max(x, None if bias is None else np.broadcast_to(bias, x.shape), temp)
+            for lift in (0.0, 0.5):
+                zm = zmax + lift
+                parts = []
+                for s in range(len(cuts) - 1):
+                    lo, hi = cuts[s], cuts[s + 1]
+                    xs = _c(x[:, lo:hi])
+                    bs = None if bias is None else _c(bias[:, lo:hi])
+                    wh, sh = np.empty((b, hi - lo), np.uint64), np.empty((b, 2), np.uint64)
+                    wd, sd = cp.empty((b, hi - lo), cp.uint64), cp.empty((b, 2), cp.uint64)
+                    hk.dense_weights(xs, bs, temp, zm, rows, wh, sh)
+                    dk.dense_weights(cp.asarray(xs), None if bs is None else cp.asarray(bs),
+                                     cp.asarray(temp), cp.asarray(zm), cp.asarray(rows), wd, sd)
+                    what = f"shard {lo}:{hi} bias={bias_kind} T={temp.tolist()} lift={lift}"
+                    _eq(cp, wh, wd, "dense weights " + what)
+                    _eq(cp, sh, sd, "dense weight sums " + what)
+                    parts.append(wh)
+                # the gap 0 at the row's argmax gives the largest weight, 2**39; a zmax above
+                # every z gives less; unflagged rows and rows without a finite z: none
+                w = np.concatenate(parts, axis=1)
+                top = w.max(axis=1)
+                live = (rows == 1) & np.isfinite(zmax)
+                assert (top[~live] == 0).all()
+                exact = live & (zm == zmax)
+                assert (top[exact] == 2**39).all()
+                assert (top[live & ~exact] < 2**39).all()
+    with pytest.raises(ValueError, match="bias"):
+        dk.dense_weights(cp.zeros((2, 4), cp.float32), cp.zeros((3, 4), cp.float32),
+                         cp.ones(2), cp.zeros(2), cp.ones(2, cp.uint8),
+                         cp.empty((2, 4), cp.uint64), cp.empty((2, 2), cp.uint64))
+    with pytest.raises(TypeError, match="dtype"):
+        dk.dense_weights(cp.zeros((2, 4), cp.float32), None, cp.ones(2), cp.zeros(2),
+                         cp.ones(2, cp.uint8), cp.empty((2, 4), cp.int64),
+                         cp.empty((2, 2), cp.uint64))
+
+
 def _target(rng, b, k1, v, kind):
     if kind == "peaked":
         w = np.exp(rng.normal(0, 4, (b, k1, v)))

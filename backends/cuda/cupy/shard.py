@@ -195,6 +195,29 @@ def merge(g, has_bias, k, temperature, greedy, policy, vocab, width, seed, gener
         alloc_status, cand, ws, _u64(ws_words)))
 
 
+def dense_weights(x, bias, temperature, zmax, rows, w, sums):
+    """Dense propose: the integer weights of this shard's rows with rows[b] != 0
+    (dy_shard_dense_weights): x float32 [B, n], bias float32 [1 or B, n] or
+    None, temperature float64 [B], zmax float64 [B] (the global maximum z: at
+    least every z of a flagged row); w uint64 [B, n], sums uint64 [B, 2] (sums
+    of w >> 32 and w & (2**32 - 1)); rows without a flag get zeros."""
+    _arr("x", x, np.float32, ndim=2)
+    B, n = x.shape
+    for name, arr, dt in (("temperature", temperature, np.float64), ("zmax", zmax, np.float64),
+                          ("rows", rows, np.uint8)):
+        _arr(name, arr, dt, (B,))
+    _arr("w", w, np.uint64, (B, n))
+    _arr("sums", sums, np.uint64, (B, 2))
+    bv, has_bias, nb = _bias(bias, B, n)
+    sums.fill(0)
+    if B == 0 or n == 0:
+        return
+    # grid (B, blocks per row): about 16 ids per thread, at most 64 blocks per row
+    by = max(1, min((n + 16 * THREADS - 1) // (16 * THREADS), 64))
+    _fn("sh_dense_weights")((B, by), (THREADS,), (
+        x, bv, _i32(has_bias), _i32(nb), temperature, zmax, rows, _i32(B), _u32(n), w, sums))
+
+
 def target_summary(target, draft, qshard, greedy, offset, vocab, f, status):
     """Round-1 summaries of this shard (dy_shard_target_summary) for every
     (request, position): target float32 [B, k+1, n], draft int64 [B, k]

@@ -14,7 +14,8 @@
  *    calling the very DY_FUNC of dyadic_shard.h that the CPU calls;
  *  - vocabulary passes (top-k, target summary, dense weights, residual mass,
  *    residual search): one block of SH_THREADS threads per row (dense
- *    weights: several blocks per row).  Their results are order-independent:
+ *    weights: several blocks per row, each thread the header's loop over one
+ *    contiguous segment).  Their results are order-independent:
  *    integer sums of exact limbs, maxima and minima of integers (the lowest
  *    id among equal keys), an exact radix select of 64-bit keys, and a
  *    first-exceeding search on exact 128-bit prefix sums, so any thread
@@ -279,6 +280,48 @@ extern "C" __global__ void sh_merge(const int* __restrict__ g, int S, int B, int
                           ids + (i64)b * width, ws + (u64)b * ws_words);
   if (st == DY_ST_X_ZERO_MASS || st == DY_ST_SHARD_INVALID) status[b] = st;
   else alloc_status[b] = st;
+}
+
+/* ------------------------------------------------------------------ dense weights
+ * Dense propose: dy_shard_dense_weights of rows[b] != 0, grid (B, blocks per row), each
+ * thread one contiguous segment of the row (the header's loop over that segment:
+ * w_v = weight_from_gap(zmax - z_v) and the segment's limb sums), the block's limb sums
+ * added to sums[b] (zeroed by the launcher; integer sums, so the order of the atomic
+ * additions cannot change a bit).  Rows without a flag get w = 0 (sums stay 0).
+ * zmax must be >= every z_v of a flagged row (the global maximum z): the core's
+ * weight of a negative gap is outside its contract. */
+extern "C" __global__ void __launch_bounds__(SH_THREADS)
+sh_dense_weights(const float* __restrict__ x, const float* __restrict__ bias, int has_bias,
+                 int bias_rows, const double* __restrict__ temperature,
+                 const double* __restrict__ zmax, const unsigned char* __restrict__ rows, int B,
+                 u32 n, u64* __restrict__ w, u64* __restrict__ sums) {
+  __shared__ u64 red[SH_WARPS + 1];
+  const int b = blockIdx.x;
+  if (b >= B) return;
+  const int brow = bias_rows > 1 ? b : 0;
+  /* a bias row outside [0, bias_rows) fails closed: the row's weights stay 0 */
+  const int on = rows[b] != 0 && !(has_bias && (bias_rows < 1 || brow >= bias_rows));
+  const u64 threads = (u64)gridDim.y * SH_THREADS;
+  const u64 len = ((u64)n + threads - 1) / threads;
+  const u64 t = (u64)blockIdx.y * SH_THREADS + threadIdx.x;
+  const u64 v0 = t * len < n ? t * len : n;
+  const u64 v1 = v0 + len < n ? v0 + len : n;
+  const float* xr = x + (i64)b * n;
+  const float* br = has_bias && on ? bias + (i64)brow * n : (const float*)0;
+  u64* wr = w + (i64)b * n;
+  u64 part[2] = {0, 0};
+  if (!on) {
+    for (u64 v = v0; v < v1; v++) wr[v] = 0;
+  } else if (v1 > v0) {
+    dy_shard_dense_weights(xr + v0, br ? br + v0 : (const float*)0, temperature[b],
+                           (u32)(v1 - v0), zmax[b], wr + v0, part);
+  }
+  const u64 hi = sh_sum64(part[0], red);
+  const u64 lo = sh_sum64(part[1], red);
+  if (threadIdx.x == 0 && (hi | lo)) {
+    atomicAdd((unsigned long long*)&sums[2 * (i64)b], (unsigned long long)hi);
+    atomicAdd((unsigned long long*)&sums[2 * (i64)b + 1], (unsigned long long)lo);
+  }
 }
 
 /* ------------------------------------------------------------------ target summary
