@@ -616,8 +616,9 @@ def _floors(xp, w, s_tot, live):
 def _digit_hist(xp, rem, shift, sel):
     """int64 [B, 256]: per row, how many remainders selected by ``sel`` (bool [B, 1]: whole
     rows, or [B, n]) have each 8-bit digit (rem >> shift) & 0xFF.  NumPy: bincount row by
-    row; CuPy: cupyx.scatter_add of the selection flags per (row, digit)
-    (cupy.bincount and boolean indexing read the device)."""
+    row; CuPy: atomic additions of the selection flags per (row, digit) (cupy.add.at,
+    or cupyx.scatter_add before CuPy 12; cupy.bincount and boolean indexing would read
+    the device)."""
     batch, n = rem.shape
     if xp is np:
         hist = np.zeros((batch, 256), dtype=I64)
@@ -628,11 +629,14 @@ def _digit_hist(xp, rem, shift, sel):
         return hist
     if n == 0:
         return xp.zeros((batch, 256), dtype=I64)
-    import cupyx
     key = ((rem >> U64(shift)) & U64(0xFF)) | (xp.arange(batch, dtype=U64) << U64(8))[:, None]
     flags = xp.broadcast_to(sel, rem.shape).astype(U64)
     hist = xp.zeros(batch * 256, dtype=U64)
-    cupyx.scatter_add(hist, key.reshape(-1).astype(I64), flags.reshape(-1))
+    if hasattr(xp.add, "at"):  # CuPy >= 12: ufunc.at, atomic additions
+        xp.add.at(hist, key.reshape(-1).astype(I64), flags.reshape(-1))
+    else:
+        import cupyx
+        cupyx.scatter_add(hist, key.reshape(-1).astype(I64), flags.reshape(-1))
     return hist.astype(I64).reshape(batch, 256)
 
 
