@@ -364,8 +364,8 @@ class LogitsVerify:
         tile, rt = routes.logits_tiles(v, batch, k1, nsm)
         nt, nrt = -(-v // tile), -(-v // rt)
         nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
-        # the rows' value tables (LG_TABW = 4608 words a row), bfloat16 logits only
-        vtab = 8 * 4608 * rows if int(x_code) == 2 else 8
+        # the rows' value tables (LG_TABW = 9216 words a row), bfloat16 logits only
+        vtab = 8 * 9216 * rows if int(x_code) == 2 else 8
         bufs = (runtime.scratch("lg_part_key", 8 * rows * nt),
                 runtime.scratch("lg_part_id", 4 * rows * nt),
                 runtime.scratch("lg_part_bad", 4 * rows * nt),

@@ -84,7 +84,7 @@ RESIDUAL_MAX_TILE = 8192
 #: LOGITS_MAX_TILE ids: each block merges a 2048-bucket histogram into its row's, so
 #: long tiles at large batches mean fewer global atomics) and of the residual row (at
 #: most LOGITS_RESIDUAL_MAX_TILE: its last block searches one tile again).
-LOGITS_MAX_TILE = 32768
+LOGITS_MAX_TILE = 32768  # < 65536: logits_hist counts a tile's tokens per value in 16 bits
 LOGITS_RESIDUAL_MAX_TILE = 8192
 
 #: the largest grid y and z dimension.

@@ -6,11 +6,12 @@
  * lives in scratch that each call rewrites before reading):
  *
  *  logits_max       grid (tiles, rows): per tile the largest logit (integer order key
- *                   of its float32 value, ties: lowest id), the largest magnitude and
- *                   the NaN / +inf flag; the row's last block divides that logit once
- *                   (z is monotone in x, so zmax = z(xmax)), sets the row's record
- *                   (status, zmax, argmax, min-p threshold), zeroes its histogram and,
- *                   for bfloat16 logits, fills the row's value table (below).
+ *                   of its float32 value; with its lowest id on a greedy row, the only
+ *                   rows whose argmax is read), the largest magnitude and the NaN / +inf
+ *                   flag; the row's last block divides that logit once (z is monotone
+ *                   in x, so zmax = z(xmax)), sets the row's record (status, zmax,
+ *                   argmax, min-p threshold), zeroes its histogram and, for bfloat16
+ *                   logits, fills the row's value table (below).
  *  logits_hist      grid (tiles, rows): the weight W_v of every token (the fixed-point
  *                   exponential of allocate) and, over the survivors of min-p with
  *                   W_v > 0, a histogram of counts and masses by gap bucket
@@ -32,9 +33,11 @@
  * Value table (bfloat16 logits): everything a pass needs of a token (W after min-p,
  * the gap bucket, the order key of z) is a function of its 16-bit value alone, given
  * the row's temperature, zmax and min-p.  logits_max computes it once per row for the
- * LG_TE values of the eight binades at and below the row's largest magnitude (both
+ * LG_TE values of the LG_BIN binades at and below the row's largest magnitude (both
  * signs, all 128 mantissas); a token whose value lies there reads it (lg_slot), any
- * other token (a magnitude below 2**-7 of the largest, a zero, -inf) computes it.
+ * other token (a magnitude below 2**-15 of the largest, a zero, -inf) computes it.
+ * Sixteen binades leave almost no token of a real row outside the table: a warp then
+ * rarely waits on one lane computing a weight.
  * Both give the same bits: the table holds the same functions of the same value.
  *
  * Tokens with W_v = 0 have P_v = 0 whatever the filters decide, and they rank after
@@ -47,10 +50,12 @@
 #define LG_CAP 2048  /* tokens of one bucket resolved in shared memory (= LG_NB: the
                         arrays serve both) */
 #define LG_REC 16    /* u64 words of a row record */
-#define LG_TE 2048   /* value-table entries: 2 signs x 8 binades x 128 mantissas */
+#define LG_BIN 16    /* binades of the value table */
+#define LG_TE (2 * LG_BIN * 128)  /* value-table entries: 2 signs x binades x 128 mantissas */
 #define LG_TABW (LG_TE * 18 / 8)  /* u64 words of a row's table: W, key (u64), bucket (u16) */
 #define LG_NOWIN 256u  /* LG_WIN of a row without a table (no binade matches it) */
 static_assert((int)(DY_EXP_CUTOFF * 64.0) == LG_NB, "one gap bucket per 1/64 below the cutoff");
+static_assert(LG_TE <= 2 * LG_CAP, "logits_resolve holds the table's u16 bucket column in its u32[LG_CAP]");
 
 enum { LG_ST = 0, LG_MAXKEY, LG_ARG, LG_KKEY, LG_KID, LG_PKEY, LG_PID, LG_T, LG_S, LG_MPW,
        LG_STAGE, LG_BUCKET, LG_NEED, LG_BASE, LG_WIN };
@@ -124,10 +129,11 @@ DC_FN void lg_tile(const LgRow& r, int lo, int hi, F f) {
 }
 
 /* The table entry of a bfloat16 value (as float32 bits) whose binade is one of the
- * eight from e0, or -1: sign, binade - e0, the 7 mantissa bits. */
+ * LG_BIN from e0, or -1: sign, binade - e0, the 7 mantissa bits. */
 DC_FN int lg_slot(u32 xb, u32 e0) {
   const u32 d = ((xb >> 23) & 0xFFu) - e0;
-  return d < 8u ? (int)(((xb >> 21) & 0x400u) | (d << 7) | ((xb >> 16) & 0x7Fu)) : -1;
+  return d < (u32)LG_BIN ? (int)((xb >> 31) * (LG_TE / 2) | (d << 7) | ((xb >> 16) & 0x7Fu))
+                         : -1;
 }
 
 /* The table's three columns: W of a min-p survivor (else 0), the order key of z, the
@@ -317,6 +323,37 @@ DC_FN u32 lg_merge_bad(u32 a, u32 b) {
   return ((a | b) & 0x80000000u) | max(a & 0x7FFFFFFFu, b & 0x7FFFFFFFu);
 }
 
+/* logits_max's pass over the tile [lo, hi) of a sampled bfloat16 row, two tokens per
+ * 32-bit word in SIMD halves (nothing reads the argmax of a sampled row): *best the
+ * dc_fkey of the largest logit, *bad as lg_merge_bad's words (NaN / +inf flag, largest
+ * finite magnitude).  The order key of a bfloat16 h is h ^ 0xFFFF (negative) or
+ * h ^ 0x8000: keys compare as the values do (-0 below +0, the same dc_fkey). */
+DC_FN void lg_max_bf16(const LgRow& r, int lo, int hi, u64* best, u32* bad) {
+  const u16* p = (const u16*)r.x + r.off;
+  u32 k2 = 0, m2 = 0, b2 = 0;
+  auto word = [&](u32 w) {
+    const u32 neg = (w >> 15) & 0x00010001u;
+    k2 = __vmaxu2(k2, w ^ (neg * 0xFFFFu | 0x80008000u));
+    const u32 m = w & 0x7FFF7FFFu;
+    b2 |= __vcmpgtu2(m, 0x7F807F80u) | __vcmpeq2(w, 0x7F807F80u);  /* NaN, +inf */
+    m2 = __vmaxu2(m2, m & ~__vcmpgeu2(m, 0x7F807F80u));           /* finite only */
+  };
+  int v0 = lo;
+  if ((((size_t)(p + lo)) & 15) == 0) {
+    const int n8 = (hi - lo) >> 3;
+    const uint4* p4 = (const uint4*)(p + lo);
+    for (int j = threadIdx.x; j < n8; j += blockDim.x) {
+      const uint4 w = __ldcs(&p4[j]);
+      word(w.x); word(w.y); word(w.z); word(w.w);
+    }
+    v0 = lo + 8 * n8;
+  }
+  for (int v = v0 + threadIdx.x; v < hi; v += blockDim.x) word((u32)p[v] * 0x00010001u);
+  const u32 k = max(k2 & 0xFFFFu, k2 >> 16), m = max(m2 & 0xFFFFu, m2 >> 16);
+  *best = dc_fkey((k ^ ((k & 0x8000u) ? 0x8000u : 0xFFFFu)) << 16);
+  *bad = (b2 ? 0x80000000u : 0u) | (m << 16);
+}
+
 extern "C" __global__ void __launch_bounds__(256) logits_max(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
@@ -338,7 +375,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
    * over the other logits but -inf */
   u64 best = 0; u32 arg = 0xFFFFFFFFu, bad = 0;
   const int lo = t * tile, hi = min(V, lo + tile);
-  lg_tile(row, lo, hi, [&](int v, u32 xb) {
+  if (dt == 2 && !q.greedy) lg_max_bf16(row, lo, hi, &best, &bad);
+  else lg_tile(row, lo, hi, [&](int v, u32 xb) {
     const u32 mag = xb & 0x7FFFFFFFu;
     if (mag >= 0x7F800000u && xb != 0xFF800000u) { bad = 0x80000000u; return; }  /* NaN, +inf */
     if (mag < 0x7F800000u) bad = lg_merge_bad(bad, mag);
@@ -397,11 +435,11 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     rc[LG_MPW] = mpw;
     rc[LG_STAGE] = LG_DONE; rc[LG_T] = 1; rc[LG_S] = 0;
     cand_n[r] = 0;
-    /* the value table of a sampled bfloat16 row: the eight binades at and below the
+    /* the value table of a sampled bfloat16 row: the LG_BIN binades at and below the
      * largest magnitude's (binades 1..254: never zero, subnormal, inf or NaN) */
     const int top = (int)(amax >> 23);
     const u32 e0 = (dt == 2 && !q.greedy && rc[LG_ST] == DY_ST_OK && top >= 1)
-                   ? (u32)max(1, top - 7) : LG_NOWIN;
+                   ? (u32)max(1, top - (LG_BIN - 1)) : LG_NOWIN;
     rc[LG_WIN] = e0;
     s_e0 = e0; s_zmax = zmax;
   }
@@ -414,7 +452,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   u64* tkey = lg_tab_key(tr);
   u16* tbk = lg_tab_bucket(tr);
   for (int j = tid; j < LG_TE; j += 256) {
-    const u32 xb = ((u32)(j >> 10) << 31) | ((e0 + (u32)((j >> 7) & 7)) << 23)
+    const u32 xb = ((u32)(j / (LG_TE / 2)) << 31)
+                   | ((e0 + (u32)((j >> 7) & (LG_BIN - 1))) << 23)
                    | ((u32)(j & 0x7F) << 16);
     const LgEl e = lg_el_of(row, zmax, xb);
     const bool surv = lg_surv(e.w, mpw);
@@ -454,7 +493,9 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   __shared__ int is_last;
   __shared__ u32 sc[LG_NB];
   __shared__ u64 sm[LG_NB];
-  __shared__ u32 ec[LG_TE];  /* tokens per table value */
+  /* tokens per table value, two 16-bit counts a word (a tile holds at most
+   * routes.LOGITS_MAX_TILE = 32768 tokens) */
+  __shared__ u32 ec[LG_TE / 2];
   __shared__ uint64_t stab[4][256];
   __shared__ LgFound fd;
   const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
@@ -466,14 +507,14 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   const u64 mpw = rc[LG_MPW];
   const bool table = row.e0 != LG_NOWIN;
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
-  if (table) for (int j = tid; j < LG_TE; j += 256) ec[j] = 0;
+  if (table) for (int j = tid; j < LG_TE / 2; j += 256) ec[j] = 0;
   const LgTab tab = lg_load_table(stab);
   const int lo = t * tile, hi = min(V, lo + tile);
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
   const bool counts = q.topk > 0;
   lg_tile(row, lo, hi, [&](int, u32 xb) {
     const int s = lg_slot(xb, row.e0);
-    if (s >= 0) { atomicAdd(&ec[s], 1u); return; }
+    if (s >= 0) { atomicAdd(&ec[s >> 1], 1u << ((s & 1) << 4)); return; }
     const LgEl e = lg_el_of(row, zmax, xb, tab);
     if (lg_surv(e.w, mpw)) {
       if (counts) atomicAdd(&sc[e.bucket], 1u);
@@ -485,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
     for (int j = tid; j < LG_TE; j += 256) {
-      const u32 c = ec[j];
+      const u32 c = (ec[j >> 1] >> ((j & 1) << 4)) & 0xFFFFu;
       if (!c) continue;
       const u64 w = __ldg(&tw[j]);
       if (!w) continue;
