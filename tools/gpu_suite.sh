@@ -14,7 +14,8 @@
 #   shard   the sharded (dyadic.distributed) device path: the CUDA shard kernels against
 #           the CPU's (tests/gpu/test_gpu_shard_kernels.py), then gloo ranks on one GPU
 #           with CUDA shards against the unsharded cpu / cuda calls and the host shards
-#           (tests/distributed/test_distributed_cuda.py), then the bench with CUDA
+#           (tests/distributed/test_distributed_cuda.py; the dense steps on CuPy,
+#           tests/distributed/test_dense_xp.py), then the bench with CUDA
 #           shards, device kernels and host kernels (SHARD_T per part)
 #   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
 #           (comma-separated substrings, or =NAME for one case) picks cases
@@ -94,7 +95,7 @@ PY
   echo "shard kernels exit: $?"
   stamp "sharded calls, gloo ranks with CUDA shards"
   timeout ${SHARD_T:-240} python3 -m pytest -q -rs -x -p no:cacheprovider \
-      tests/distributed/test_distributed_cuda.py 2>&1 | tail -${TAIL:-25}
+      tests/distributed/test_distributed_cuda.py tests/distributed/test_dense_xp.py 2>&1 | tail -${TAIL:-25}
   echo "sharded cuda exit: $?"
   for hk in "" "--host-kernels"; do
     stamp "dyadic.distributed.bench gloo, CUDA shards $hk"
