@@ -238,8 +238,9 @@ def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p
     "Filtered support") on device arrays, backends with ``device_logits_filters`` (cuda:
     a sparse support, ``top_k`` given; numba: dense too).  top_p / min_p: Python scalars,
     host arrays or CUDA tensors [B] (these stay on the device: the kernels check every
-    value, as verify's parameters); a per-row top_k is read on the host (its largest entry is the output
-    width), so with one the call copies it to the device (a CUDA tensor top_k: from it)."""
+    value, as verify's parameters); a per-row top_k is read on the host (its largest
+    entry is the output width), so with one the call copies it to the device (a CUDA
+    tensor top_k: from it)."""
     be = _backend.get(backend)
     if not be.device_logits_filters:
         raise _backend.BackendUnavailable(
@@ -345,12 +346,15 @@ class _VerifyPlan(_CallPlan):
         torch = _ga._TORCH
         self.be = _backend.get(backend)
         self.backend, self.check, self.lazy, self.kind = backend, check, lazy, kind
-        self.logits, self.x_dtype = logits, t.dtype
+        # the target's dtype as the runner reads it: 16-bit logits widened to float32
+        # (exact) for backends that read float32 only (numba), as ``_ga._x_flat``
+        self.logits = logits
+        self.x_dtype = t.dtype if self.be.reads_half_precision else torch.float32
         if logits:
             if not self.be.device_logits_verify:
                 raise _backend.BackendUnavailable(
                     f"verify(logits=True): backend {backend!r} has no kernels for it on GPU "
-                    f"arrays; use backend 'cuda', or host arrays with backend 'cpu', "
+                    f"arrays; use backend 'cuda' or 'numba', or host arrays with backend 'cpu', "
                     f"'reference' or 'numba'")
             _ga._float_dtype(t, "target")
         elif t.dtype != torch.float32:
@@ -388,6 +392,8 @@ class _VerifyPlan(_CallPlan):
 
     def __call__(self, t, draft, q, keys, out, greedy, num_drafts=None, params=None):
         torch = _ga._TORCH
+        if t.dtype != self.x_dtype:
+            t = t.float()
         if not t.is_contiguous():
             t = t.contiguous()
         b, v, didx, check = self.b, self.v, self.didx, self.check

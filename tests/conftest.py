@@ -40,10 +40,10 @@ def _load(name):
     return be, None
 
 
-def cuda_torch():
-    """torch, where backend "cuda" loads and torch has a CUDA device; else the test skips
+def cuda_torch(backend="cuda"):
+    """torch, where ``backend`` loads and torch has a CUDA device; else the test skips
     with the reason."""
-    be, why = _load("cuda")
+    be, why = _load(backend)
     if be is None:
         pytest.skip(why)
     torch = pytest.importorskip("torch")

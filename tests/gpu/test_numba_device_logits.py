@@ -10,7 +10,8 @@ import pytest
 
 import dyadic
 
-from conftest import _load
+from conftest import cuda_torch
+from test_gpu_filtered_alloc import _logits
 
 pytestmark = pytest.mark.gpu
 
@@ -19,29 +20,11 @@ DTYPES = ["float32", "float16", "bfloat16"]
 
 @pytest.fixture(scope="module")
 def torch():
-    be, why = _load("numba")
-    if be is None:
-        pytest.skip(why)
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
+    torch = cuda_torch("numba")
     from numba import config
     if getattr(config, "ENABLE_CUDASIM", 0):
         pytest.skip("numba runs on the CUDA simulator: no CUDA tensors")
     return torch
-
-
-def _logits(rng, b, v):
-    """float32 [b, v]: 3 z per row; row 1 with ties, row 2 with all but three logits
-    -inf, row 3 every logit equal."""
-    x = (3 * rng.standard_normal((b, v))).astype(np.float32)
-    x[1] = np.round(x[1])
-    keep = rng.choice(v, 3, replace=False)
-    mask = np.full(v, -np.inf, np.float32)
-    mask[keep] = x[2, keep]
-    x[2] = mask
-    x[3] = 0.5
-    return x
 
 
 def _dev(torch, a, dtype=None):

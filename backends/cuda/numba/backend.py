@@ -135,8 +135,7 @@ class NumbaBackend(Backend):
     name = "numba"
     has_logits_verify = True
     has_logits_filters = True
-    #: device arrays take the kernel methods below (the default runners); 16-bit logits
-    #: are widened to float32 (exactly) first
+    #: device arrays take the kernel methods below (the default runners)
     device_logits_verify = True
     device_logits_filters = True
     #: launches go through numba's own stream handling and copies: not capturable
@@ -292,15 +291,6 @@ class NumbaBackend(Backend):
             *self._keys(seed, generation, round, position), d_acc, d_tok, d_st, *scratch,
             d_nd, int(num_drafts is not None))
         outs.finish()
-
-    def verify_logits_runner(self, batch, k1, v, width, x_dtype):
-        run = super().verify_logits_runner(batch, k1, v, width, x_dtype)
-        if str(x_dtype) == "torch.float32":
-            return run
-
-        def widened(t, *rest):
-            return run(t.float(), *rest)
-        return widened
 
     def _filtered(self, x, bias, temperature, top_k, top_p, min_p, policy, width, keys, tokens,
                   counts, ids, status):
