@@ -14,15 +14,17 @@ candidates, the dense weights, the target summaries, validation and
 acceptance, the residual masses, the correction draw and the owner's search.
 A CUDA shard stays on its GPU when the cuda backend (CuPy) loads: the same
 functions of ``backends/cuda/cupy/shard.py`` (NVRTC over the same
-``dyadic_shard.h``) on CuPy arrays, the collectives on CUDA tensors
-(``_propose_device`` / ``_verify_device``); without CuPy it is copied to the
-host.  The dense allocation after the weights (floors, remainders, radix
-histograms, tie counts, the draw's owner search) is one implementation of
-array code over an array module ``xp``: NumPy on exact uint64 / int64 for host
-shards, CuPy for CUDA shards.  On the device, besides each collective's
-failure flag, a dense propose reads back the candidates' statuses (B int32),
-the weight sums (B x 2 int64) and the floor sums (B int64): replicated per-row
-values from which every rank plans the following rounds.
+``dyadic_shard.h``) on CuPy arrays, the collectives on CUDA tensors; without
+CuPy it is copied to the host.  Propose (``_propose``, top-k and dense) is one
+implementation over an array module ``xp``, NumPy with the CPU kernels for host
+shards, CuPy with the CUDA kernels for CUDA shards, and so is the dense
+allocation after the weights (floors, remainders, radix histograms, tie
+counts, the draw's owner search: array code on exact uint64 / int64); verify
+has a device function of its own (``_verify_device``).  On the device,
+besides each collective's failure flag, a dense propose reads back the
+candidates' statuses (B int32), the weight sums (B x 2 int64) and the floor
+sums (B int64): replicated per-row values from which every rank plans the
+following rounds.
 
 Collectives of a successful call (a failed call adds one error round;
 docs/distributed.md says why each is needed):
@@ -110,7 +112,7 @@ class DyadicShard:
         own, host = _arrays.owned_copy(counts, "counts")
         n = host.shape[-1] if host.ndim else 0
         off, v = _offset_size(vocab_offset, vocab_size, n)
-        _shard_rows(host, "counts")
+        _shard_rows(np, host, "counts")
         _shard_fields(self, own, off, v, policy)
 
     @classmethod
@@ -158,19 +160,29 @@ def _shard_fields(s, counts, off, v, policy):
     object.__setattr__(s, "_policy", policy)
 
 
-def _shard_rows(c, name):
-    """Row rules of a shard's host counts [..., n]: uint32, every entry and every row's
-    sum over the shard <= 2**24 (the rows' sums over all shards are checked in verify)."""
+def _shard_rows(xp, c, name):
+    """Row rules of a shard's counts c [..., n]: uint32, every entry and every row's sum
+    over the shard <= 2**24 (the rows' sums over all shards are checked in verify).
+
+    c is a NumPy array (``xp`` NumPy) or a CUDA tensor (``xp`` CuPy: the dtype is checked
+    on the tensor, the rules on a CuPy view of it, with one read of the per-row flags).
+    Returns c as a C-contiguous uint32 ``xp`` array (the same memory where it is one).
+    """
     if c.ndim < 1:
         raise ValueError(f"{name}: expected shape [..., n], got a scalar")
-    if c.dtype != np.uint32:
+    if _arrays.dtype_name(c) != "uint32":
         raise TypeError(f"{name}: dtype {_arrays.dtype_name(c)}; expected uint32")
-    if c.size == 0:
-        return
-    rows = c.reshape(-1, c.shape[-1])
-    _first_bad((rows > TOTAL).any(axis=1), name, "each count must be <= 2**24")
-    _first_bad(rows.astype(np.uint64).sum(axis=1) > TOTAL, name,
-               "the shard's counts sum to more than 2**24")
+    if xp is np:
+        c = np.ascontiguousarray(c)
+    else:
+        c = xp.ascontiguousarray(xp.asarray(c.contiguous()))
+    if c.size:
+        rows = c.reshape(-1, c.shape[-1])
+        flags = _host(xp, xp.stack([(rows > TOTAL).any(axis=1),
+                                    rows.astype(U64).sum(axis=1) > TOTAL]))
+        _first_bad(flags[0], name, "each count must be <= 2**24")
+        _first_bad(flags[1], name, "the shard's counts sum to more than 2**24")
+    return c
 
 
 def _first_bad(mask, name, rule):
@@ -218,6 +230,34 @@ def _output(arr, like):
         import torch
         return torch.from_numpy(arr).to(like.device)
     return arr
+
+
+def _to(xp, a, dtype=None):
+    """A host array for ``xp``'s kernels: NumPy keeps it (cast to ``dtype`` if given), CuPy
+    uploads it (``_up``)."""
+    if xp is np:
+        return a if dtype is None else a.astype(dtype, copy=False)
+    return _up(xp, a, dtype)
+
+
+def _result(xp, arr, like):
+    """An ``xp`` result as the caller's kind of array: a NumPy one as ``like`` is
+    (``_output``), a CuPy one as a torch CUDA tensor of the same memory (``_out_dev``)."""
+    return _output(arr, like) if xp is np else _out_dev(arr)
+
+
+def _raise_rows(xp, *statuses):
+    """The per-row status words of a stage (B int32 ``xp`` arrays each; CuPy: one read for
+    all): the first array with a non-zero row raises the unsharded call's error for its
+    first row."""
+    if xp is np:
+        host = statuses
+    elif len(statuses) > 1:
+        host = xp.asnumpy(xp.stack(statuses))
+    else:
+        host = [xp.asnumpy(statuses[0])]
+    for st in host:
+        _status.raise_for_status(st, lambda i: i)
 
 
 def _keys(keys, batch, extra=0):
@@ -355,25 +395,38 @@ def propose(local_logits, keys, *, vocab_offset, vocab_size, group=None, tempera
     comm = Comm(group, "propose")
     try:
         dk = _device_kernels(local_logits)
-        if dk is not None:
-            with _device_scope(dk[0], local_logits):
-                return _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size,
-                                       temperature, bias, top_k, policy, check)
-        return _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bias,
-                        top_k, policy, check)
+        scope = contextlib.nullcontext() if dk is None else _device_scope(dk[0], local_logits)
+        with scope:
+            return _propose(comm, dk, local_logits, keys, vocab_offset, vocab_size, temperature,
+                            bias, top_k, policy, check)
     except BaseException as exc:
         comm.fail(exc)
 
 
-def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k,
+def _propose(comm, dk, local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k,
              policy, check):
+    """propose on this rank's shard, over an array module ``xp``: NumPy with the CPU
+    backend's shard kernels when ``dk`` is None (a CUDA tensor is copied to the host),
+    else CuPy with the CUDA shard kernels, ``dk`` = (cupy, backends/cuda/cupy/shard.py).
+    The checks, collectives, their sizes and their order are the same either way; the
+    replicated arguments (temperature, greedy, keys) are host arrays (the header hashes
+    them), uploaded for the CUDA kernels.
+
+    Returns (tokens int32 [B], q): NumPy arrays or tensors on ``local_logits``' device
+    (host shards), torch CUDA tensors (CUDA shards); q a ``Dyadic`` (``top_k`` given) or a
+    ``DyadicShard``.
+    """
+    cp = None if dk is None else dk[0]
+    xp = np if cp is None else cp
     x, b2, temp, code, width, kb, off, v, check = _prep_propose(
-        local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k, policy, check)
+        local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k, policy, check,
+        cp)
     batch, n = x.shape
+    if cp is not None:
+        comm.on_device(cp)
     hdr = comm.header(off, n, [v, batch, width or 0, code, b2 is not None, _crc(temp),
                                _crc(*kb), check])
-    order, offsets = _layout(hdr, _PROPOSE_FIELDS)
-    seed, gen, rnd, pos = kb
+    order, _ = _layout(hdr, _PROPOSE_FIELDS)
     greedy = temp == 0
     live = not greedy.all()
     kcand = width or 1
@@ -381,35 +434,34 @@ def _propose(comm, local_logits, keys, vocab_offset, vocab_size, temperature, bi
     closing = close_plan(batch if check else 0)
     comm.plan(gather_plan((batch, 1 + kcand * ncol), np.int32))
 
-    t_eff = np.where(greedy, 1.0, temp)
-    greedy_u8 = greedy.astype(np.uint8)
-    sk = _host_kernels()
-    payload = np.empty((batch, 1 + kcand * ncol), dtype=np.int32)
+    t_eff = _to(xp, np.where(greedy, 1.0, temp), np.float64)  # float64 [B]
+    greedy_u8 = _to(xp, greedy, np.uint8)  # uint8 [B]
+    kx = tuple(_to(xp, a) for a in kb)  # seed, gen, rnd, pos
+    sk = _host_kernels() if dk is None else dk[1]
+    payload = xp.empty((batch, 1 + kcand * ncol), dtype=np.int32)
     sk.topk(x, b2, t_eff, greedy_u8, kcand, off, v, payload)
     after = closing if width or not live else reduce_plan((batch, 2), "sum")
-    g = np.ascontiguousarray(comm.all_gather(payload, then=after)[order])
+    g = xp.ascontiguousarray(comm.all_gather(payload, then=after)[order])
 
     policy_name = _POLICY_NAMES[code]
     if width:
         # merge, allocation and draw: identical on every rank
-        tokens = np.empty(batch, dtype=np.int32)
-        counts = np.empty((batch, width), dtype=np.uint32)
-        ids = np.empty((batch, width), dtype=np.int32)
-        status = np.empty(batch, dtype=np.int32)
-        alloc_status = np.empty(batch, dtype=np.int32)
-        sk.merge(g, b2 is not None, kcand, t_eff, greedy_u8, code, v, width, seed, gen, rnd, pos,
+        tokens = xp.empty(batch, dtype=np.int32)
+        counts = xp.empty((batch, width), dtype=np.uint32)
+        ids = xp.empty((batch, width), dtype=np.int32)
+        status = xp.empty(batch, dtype=np.int32)
+        alloc_status = xp.empty(batch, dtype=np.int32)
+        sk.merge(g, b2 is not None, kcand, t_eff, greedy_u8, code, v, width, *kx,
                  tokens, counts, ids, status, alloc_status)
-        _status.raise_for_status(status, lambda i: i)
-        _status.raise_for_status(alloc_status, lambda i: i)
-        q = trusted_dyadic(_output(counts, local_logits), _output(ids, local_logits), v,
-                           policy_name)
-        tokens = tokens.astype(np.int64)
+        _raise_rows(xp, status, alloc_status)
+        q = trusted_dyadic(_result(xp, counts, local_logits), _result(xp, ids, local_logits),
+                           v, policy_name)
     else:
-        tokens, counts = _propose_dense(comm, np, sk, x, b2, t_eff, greedy, code, kb, off, order,
-                                        g, closing)
-        q = DyadicShard._of(_output(counts, local_logits), off, v, policy_name)
-    out = _output(tokens.astype(np.int32), local_logits)
-    comm.close(tokens if check else None)
+        tokens, counts = _propose_dense(comm, xp, sk, x, b2, t_eff, greedy, code, kx, off,
+                                        order, g, closing)
+        q = DyadicShard._of(_result(xp, counts, local_logits), off, v, policy_name)
+    out = _result(xp, tokens.astype(np.int32), local_logits)
+    comm.close(tokens if check else None)  # int32 or int64 [B]: compared as int64
     _finish(comm, "propose", batch, 1)
     return out, q
 
@@ -775,10 +827,9 @@ def _prep_verify(local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
                              f"vocab_size {q.vocab_size} must be {(batch, k1 - 1, n)} / {off} / "
                              f"{v}")
         if on_dev:
-            qc = _shard_rows_dev(cp, qc, "q.counts")
+            qc = _shard_rows(cp, qc, "q.counts")
         else:
-            _shard_rows(qc, "q.counts")
-            qc = np.ascontiguousarray(qc, dtype=np.uint32)
+            qc = _shard_rows(np, qc, "q.counts")
             if cp is not None:
                 qc = _up(cp, qc)
         qkind = 3
@@ -1013,80 +1064,6 @@ def _out_dev(arr):
     return torch.from_dlpack(arr)
 
 
-def _raise_dev(cp, *statuses):
-    """The per-row status words of a stage (B int32 each, one read for all): the first
-    array with a non-zero row raises the unsharded call's error for its first row."""
-    host = cp.asnumpy(cp.stack(statuses)) if len(statuses) > 1 else [cp.asnumpy(statuses[0])]
-    for st in host:
-        _status.raise_for_status(st, lambda i: i)
-
-
-def _propose_device(comm, dk, local_logits, keys, vocab_offset, vocab_size, temperature, bias,
-                    top_k, policy, check):
-    """propose with this rank's shard on the device (the host path's steps, checks and
-    collectives in the same order; the shard kernels of backends/cuda/cupy/shard.py,
-    and the dense allocation's array code on CuPy)."""
-    cp, sk = dk
-    x, b2, temp, code, width, kb, off, v, check = _prep_propose(
-        local_logits, keys, vocab_offset, vocab_size, temperature, bias, top_k, policy, check,
-        cp)
-    batch, n = x.shape
-    comm.on_device(cp)
-    hdr = comm.header(off, n, [v, batch, width or 0, code, b2 is not None, _crc(temp),
-                               _crc(*kb), check])
-    order, _ = _layout(hdr, _PROPOSE_FIELDS)
-    greedy = temp == 0
-    live = not greedy.all()
-    kcand = width or 1
-    ncol = 3 if b2 is not None else 2
-    closing = close_plan(batch if check else 0)
-    comm.plan(gather_plan((batch, 1 + kcand * ncol), np.int32))
-
-    t_eff = _up(cp, np.where(greedy, 1.0, temp), np.float64)
-    greedy_u8 = _up(cp, greedy, np.uint8)
-    keys_dev = tuple(_up(cp, a) for a in kb)
-    payload = cp.empty((batch, 1 + kcand * ncol), dtype=np.int32)
-    sk.topk(x, b2, t_eff, greedy_u8, kcand, off, v, payload)
-    after = closing if width or not live else reduce_plan((batch, 2), "sum")
-    g = cp.ascontiguousarray(comm.all_gather(payload, then=after)[order])
-    if width:
-        # merge, allocation and draw: identical on every rank
-        tokens = cp.empty(batch, dtype=np.int32)
-        counts = cp.empty((batch, width), dtype=np.uint32)
-        ids = cp.empty((batch, width), dtype=np.int32)
-        status = cp.empty(batch, dtype=np.int32)
-        alloc_status = cp.empty(batch, dtype=np.int32)
-        sk.merge(g, b2 is not None, width, t_eff, greedy_u8, code, v, width, *keys_dev,
-                 tokens, counts, ids, status, alloc_status)
-        _raise_dev(cp, status, alloc_status)
-        q = trusted_dyadic(_out_dev(counts), _out_dev(ids), v, _POLICY_NAMES[code])
-    else:
-        tokens, counts = _propose_dense(comm, cp, sk, x, b2, t_eff, greedy, code, keys_dev, off,
-                                        order, g, closing)
-        q = DyadicShard._of(_out_dev(counts), off, v, _POLICY_NAMES[code])
-    out = _out_dev(tokens.astype(np.int32))
-    comm.close(tokens if check else None)
-    _finish(comm, "propose", batch, 1)
-    return out, q
-
-
-def _shard_rows_dev(cp, counts, name):
-    """``_shard_rows`` of a DyadicShard's counts held as a CUDA tensor: the dtype, then the
-    row rules (one read of the per-row flags); returns them as a CuPy array (the same
-    memory where contiguous)."""
-    import torch
-    if counts.dtype != torch.uint32:
-        raise TypeError(f"{name}: dtype {_arrays.dtype_name(counts)}; expected uint32")
-    c = cp.ascontiguousarray(cp.asarray(counts.contiguous()))
-    if c.size:
-        rows = c.reshape(-1, c.shape[-1])
-        flags = cp.asnumpy(cp.stack([(rows > TOTAL).any(axis=1),
-                                     rows.astype(np.uint64).sum(axis=1) > TOTAL]))
-        _first_bad(flags[0], name, "each count must be <= 2**24")
-        _first_bad(flags[1], name, "the shard's counts sum to more than 2**24")
-    return c
-
-
 def _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset, vocab_size, greedy,
                    check):
     """verify with this rank's shard on the device (the host path's steps and checks in
@@ -1115,7 +1092,7 @@ def _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset, vocab_s
     f = cp.empty((batch, k1, 9), dtype=np.int64)
     status = cp.empty(batch, dtype=np.int32)
     sk.target_summary(t, d_dev, qdev if qkind == 3 else None, g8, off, v, f, status)
-    _raise_dev(cp, status)
+    _raise_rows(cp, status)
     gf = cp.ascontiguousarray(
         comm.all_gather(f, then=gather_plan((batch, 3)) if live else closing)[order])
 
@@ -1141,7 +1118,7 @@ def _verify_device(comm, dk, local_target, draft, q, keys, vocab_offset, vocab_s
     draw_at = cp.empty(batch, dtype=np.int32)
     sk.verify_accept(d_dev, cd, total, pd, best, g8, seed, gen, rnd, pos, accepted, tokens,
                      draw_at, status_acc)
-    _raise_dev(cp, status, status_acc)
+    _raise_rows(cp, status, status_acc)
 
     if live:
         # round 2: this shard's exact mass of the distribution to draw from
