@@ -189,13 +189,14 @@ class Backend:
             method(t, d, qc, qi, flag_bytes(g), *device_keys(keys), a, tk, st, nd)
         return run
 
-    def verify_logits_runner(self, batch, k1, v, width, x_dtype):
+    def verify_logits_runner(self, batch, k1, v, width, x_dtype, top_k=True):
         """``run(target, draft, q_counts, q_ids, greedy_flags, params, keys, accepted,
         tokens, status, num_drafts=None)`` for verify(logits=True) calls of this shape on
         device arrays (only where ``device_logits_verify``): target logits [batch, k1, v]
         of ``x_dtype`` (torch float32 / float16 / bfloat16), ``params`` the four
         parameter tensors of ``verify_logits`` (top_p / min_p float32), ``greedy_flags`` as
-        ``verify_runner``'s."""
+        ``verify_runner``'s.  ``top_k`` False: the calls give no top_k (every row's top_k
+        tensor entry is 0), so a backend may leave out work for top-k cuts."""
         def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):
             self.verify_logits(t, d, qc, qi, flag_bytes(g), *params, *device_keys(keys), a, tk,
                                st, nd)

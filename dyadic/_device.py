@@ -339,16 +339,17 @@ class _VerifyPlan(_CallPlan):
 
     __slots__ = ("backend", "be", "dev", "didx", "b", "k", "v", "w", "check", "lazy",
                  "greedy", "specs", "kind", "run", "bk", "qshape", "zeros", "ragged", "logits",
-                 "x_dtype")
+                 "x_dtype", "top_k")
 
     def __init__(self, t, q_width, greedy, backend, check, lazy, kind, ragged=False,
-                 logits=False):
+                 logits=False, top_k=True):
         torch = _ga._TORCH
         self.be = _backend.get(backend)
         self.backend, self.check, self.lazy, self.kind = backend, check, lazy, kind
         # the target's dtype as the runner reads it: 16-bit logits widened to float32
         # (exact) for backends that read float32 only (numba), as ``_ga._x_flat``
         self.logits = logits
+        self.top_k = top_k  # with logits: a top_k given (None: no row has a top-k cut)
         self.x_dtype = t.dtype if self.be.reads_half_precision else torch.float32
         if logits:
             if not self.be.device_logits_verify:
@@ -383,7 +384,7 @@ class _VerifyPlan(_CallPlan):
     def make_run(self):
         if self.logits:
             return self.be.verify_logits_runner(self.b, self.k + 1, self.v, self.w,
-                                                self.x_dtype)
+                                                self.x_dtype, top_k=self.top_k)
         if self.ragged:
             return self.be.verify_runner(self.b, self.k + 1, self.v, self.w, self.greedy,
                                          self.lazy and not self.greedy, ragged=True)
@@ -476,13 +477,14 @@ def verify(target, draft, q, keys, *, greedy, backend, check=True, out=None, num
     else:  # refused by verify_q in the call
         qk = qw = 0
     ragged = num_drafts is not None
+    top_k = logits and params[1] is not None
     key = ("verify", backend, t.shape, t.dtype, t.device, qk, greedy is None, check, lazy,
-           kind, ragged, logits)
+           kind, ragged, logits, top_k)
     try:
         plan = _CALLS[key]
     except (KeyError, TypeError):
         plan = _plan(key, _VerifyPlan, t, qw or 0, greedy is not None, backend, check, lazy,
-                     kind, ragged, logits)
+                     kind, ragged, logits, top_k)
     return plan(t, draft, q, keys, out, greedy, num_drafts, params)
 
 

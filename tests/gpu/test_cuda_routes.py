@@ -68,6 +68,13 @@ ROUTES = [
     ("verify", dict(batch=64, v=V, k1=6, lazy=True, ragged=True), ("verify_lazy_r64",)),
     ("verify", dict(batch=4, v=V, k1=6, lazy=True, ragged=True, greedy=True),
      ("verify_chain", "verify_residual")),
+    # tests/gpu/test_gpu_verify_logits.py: a second logits_resolve only with a top_k (a
+    # top-p cut in an earlier bucket than the top-k cut)
+    ("verify", dict(batch=4, v=V, k1=6, logits=True),
+     ("logits_max", "logits_hist", "logits_resolve", "logits_resolve", "logits_chain",
+      "logits_residual")),
+    ("verify", dict(batch=64, v=V, k1=6, lazy=True, logits=True, top_k=False),
+     ("logits_max", "logits_hist", "logits_resolve", "logits_chain", "logits_residual")),
 ]
 
 

@@ -142,7 +142,7 @@ class CupyBackend(Backend):
         params = A.logits_params(call, temperature, top_k, top_p, min_p, batch)
         nd = A.num_drafts(call, num_drafts, batch) if num_drafts is not None else A.NULL
         plan = plans.logits_verify_plan(runtime.device_id(), batch, k + 1, v, w,
-                                        A.x_code(target))
+                                        A.x_code(target), top_k is not None)
         plan.launch(t, *params, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st)
         if call.back:  # NumPy outputs to copy back
             call.finish()
@@ -229,13 +229,13 @@ class CupyBackend(Backend):
                    0 if nd is None else nd.data_ptr())
         return run
 
-    def verify_logits_runner(self, batch, k1, v, width, x_dtype):
+    def verify_logits_runner(self, batch, k1, v, width, x_dtype, top_k=True):
         if k1 - 1 > A.MAX_K_VERIFY:
             raise ValueError(f"draft: backend 'cuda' verifies at most {A.MAX_K_VERIFY} draft "
                              f"tokens per request, got k={k1 - 1}")
         x_code = A.DT_CODES[str(x_dtype).replace("torch.", "")]
         launch = plans.logits_verify_plan(runtime.device_id(), batch, k1, v, width,
-                                          x_code).launch
+                                          x_code, top_k).launch
         keys_of = A.keys
 
         def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):

@@ -350,16 +350,17 @@ class OneLaunchVerify(_OneKernelVerify):
 
 
 class LogitsVerify:
-    """verify(logits=True): logits_max, logits_hist, logits_resolve (twice) over (tile,
-    row) grids, then logits_chain (one block per request) and logits_residual (tile,
-    request).  Per-call words: the target, the four parameter arrays (float64
+    """verify(logits=True): logits_max, logits_hist, logits_resolve (twice; once when
+    ``top_k`` is False: only a top-p cut in an earlier bucket than a top-k cut takes the
+    second launch) over (tile, row) grids, then logits_chain (one block per request) and
+    logits_residual (tile, request).  Per-call words: the target, the four parameter arrays (float64
     temperature, int64 top_k, float32 top_p and min_p as bit patterns), the greedy
     flags or 0, num_drafts or 0, the draft, q, keys and outputs."""
 
     PARAMS = ("t", "temp", "topk", "topp", "minp", "g", "nd", "d", "qc", "qi", "kptrs", "kfmt",
               "a", "tk", "st")
 
-    def __init__(self, batch, k1, v, w, nsm, x_code):
+    def __init__(self, batch, k1, v, w, nsm, x_code, top_k=True):
         rows, k = batch * k1, k1 - 1
         tile, rt = routes.logits_tiles(v, batch, k1, nsm)
         nt, nrt = -(-v // tile), -(-v // rt)
@@ -384,15 +385,14 @@ class LogitsVerify:
         tail = (I32[nt], np.int32(tile))
         q_in = (_VAR("d"), _VAR("qc"), _VAR("qi"), I32[w], *_KEYVARS, _KFMT)
         names = self.PARAMS
+        resolve = _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
+            rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names)
         self.steps = (
             _Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
                 pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),
             _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
                 rec, cnt, hcnt, hmass, tab), names),
-            _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names),
-            _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names),
+            *((resolve, resolve) if top_k else (resolve,)),
             _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
                 rec, tab, res_row, *_VOUT), names),
             _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
@@ -404,12 +404,13 @@ class LogitsVerify:
             step.go(t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st, stream)
 
 
-def logits_verify_plan(dev, batch, k1, v, w, x_code):
-    """The plan of a verify(logits=True) call (target dtype code ``x_code``)."""
-    key = ("verify_logits", dev, batch, k1, v, w, int(x_code))
+def logits_verify_plan(dev, batch, k1, v, w, x_code, top_k=True):
+    """The plan of a verify(logits=True) call (target dtype code ``x_code``; ``top_k``:
+    the call gives a top_k)."""
+    key = ("verify_logits", dev, batch, k1, v, w, int(x_code), bool(top_k))
     plan = PLANS.get(key)
     if plan is None:
-        plan = get(key, LogitsVerify, batch, k1, v, w, runtime.num_sms(), x_code)
+        plan = get(key, LogitsVerify, batch, k1, v, w, runtime.num_sms(), x_code, bool(top_k))
     return plan
 
 

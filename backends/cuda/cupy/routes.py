@@ -23,9 +23,10 @@ Routes (kernel names of backends/cuda/kernels/):
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
 - verify(logits=True), every check mode: ``logits_max``, ``logits_hist``,
-  ``logits_resolve`` (twice), ``logits_chain``, ``logits_residual``.  A logits target
-  is processed in full before any decision (its maximum, total and cuts depend on every
-  token), so check="lazy" validates every row it uses, as check=False.
+  ``logits_resolve`` (twice; once when the call gives no top_k), ``logits_chain``,
+  ``logits_residual``.  A logits target is processed in full before any decision (its
+  maximum, total and cuts depend on every token), so check="lazy" validates every row it
+  uses, as check=False.
 """
 
 # --- top-k -----------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def kernel_names(primitive, **shape):
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
     min_p / per-row top_k) for allocate / propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits
-    target) for verify."""
+    target) and top_k (with logits: a top_k given, default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
@@ -255,8 +256,8 @@ def kernel_names(primitive, **shape):
             return (PACKED_KERNELS[packed_choice(b, v, nsm)],)
         return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
     if shape.get("logits", False):
-        return ("logits_max", "logits_hist", "logits_resolve", "logits_resolve",
-                "logits_chain", "logits_residual")
+        resolve = ("logits_resolve",) * (2 if shape.get("top_k", True) else 1)
+        return ("logits_max", "logits_hist") + resolve + ("logits_chain", "logits_residual")
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
                          shape.get("lazy", False), shape.get("ragged", False))
     if route == "lazy":

@@ -2,7 +2,7 @@
  * verify(..., logits=True): target rows of logits processed into exact integer
  * distributions (docs/semantics.md "Target logits"; dy_logits_target_row of the core
  * is the host form of the same rules), then the acceptance chain and the residual /
- * bonus draw of section 5.  Five launches, every one graph-capturable (per-row state
+ * bonus draw of section 5.  Five kernels, every launch graph-capturable (per-row state
  * lives in scratch that each call rewrites before reading):
  *
  *  logits_max       grid (tiles, rows): per tile the largest logit (integer order key
@@ -19,16 +19,18 @@
  *                   the last block finds the bucket where top-k's count or top-p's mass
  *                   is reached.  Tokens with a value in the row's table are counted per
  *                   value and enter the histogram as count x W once per value.
- *  logits_resolve   (launched twice) grid (tiles, rows): the survivors in that bucket
- *                   are gathered; the last block sorts them by (z desc, id asc) and
- *                   takes the exact cut; a top-p cut after a top-k cut may need the
- *                   second launch.  More than LG_CAP tokens in one bucket (ties of
+ *  logits_resolve   (launched twice, once when the call gives no top_k) grid (tiles,
+ *                   rows): the survivors in that bucket are gathered; the last block
+ *                   sorts them by (z desc, id asc) and takes the exact cut; a top-p cut
+ *                   after a top-k cut may need the second launch.  More than LG_CAP tokens in one bucket (ties of
  *                   thousands of equal logits): the last block selects by an 8-bit
  *                   radix over the whole row instead (exact, slower).
  *  logits_chain     grid (1, B): the request's checks in the CPU backend's order and
  *                   the acceptance chain on P(d) computed from the logits.
  *  logits_residual  grid (tiles, B): the residual (or bonus) row's tile sums; the
- *                   request's last block draws the tile, then the token in it.
+ *                   request's last block draws the tile, then the token in it.  On a
+ *                   row with a cut, a token whose logit ranks below the cut token's
+ *                   value has P = 0 and is passed over by its order key alone.
  *
  * Value table (bfloat16 logits): everything a pass needs of a token (W after min-p,
  * the gap bucket, the order key of z) is a function of its 16-bit value alone, given
@@ -55,7 +57,6 @@
 #define LG_TABW (LG_TE * 18 / 8)  /* u64 words of a row's table: W, key (u64), bucket (u16) */
 #define LG_NOWIN 256u  /* LG_WIN of a row without a table (no binade matches it) */
 static_assert((int)(DY_EXP_CUTOFF * 64.0) == LG_NB, "one gap bucket per 1/64 below the cutoff");
-static_assert(LG_TE <= 2 * LG_CAP, "logits_resolve holds the table's u16 bucket column in its u32[LG_CAP]");
 
 enum { LG_ST = 0, LG_MAXKEY, LG_ARG, LG_KKEY, LG_KID, LG_PKEY, LG_PID, LG_T, LG_S, LG_MPW,
        LG_STAGE, LG_BUCKET, LG_NEED, LG_BASE, LG_WIN };
@@ -96,36 +97,55 @@ DC_FN u32 lg_half_bits(u16 h) {
   return __float_as_uint(f);
 }
 
+#define LG_LOADS 4  /* 16-byte loads a thread has in flight in lg_tile16 */
+
+/* Over the tokens [lo, hi) of a row of 16-bit logits p: w(v, word) for each 32-bit word
+ * holding tokens v (low half) and v + 1 of the 16-byte aligned part, read eight tokens a
+ * load with LG_LOADS loads issued before any is used, then t(v, h) for each other token.
+ * Each thread visits its tokens in ascending id. */
+template <class W, class T>
+DC_FN void lg_tile16(const u16* p, int lo, int hi, W w, T t) {
+  int v0 = lo;
+  if ((((size_t)(p + lo)) & 15) == 0) {
+    const int n8 = (hi - lo) >> 3;
+    const uint4* p4 = (const uint4*)(p + lo);
+    for (int j0 = threadIdx.x; j0 < n8; j0 += LG_LOADS * blockDim.x) {
+      uint4 x[LG_LOADS];
+#pragma unroll
+      for (int u = 0; u < LG_LOADS; ++u) {
+        const int j = j0 + u * (int)blockDim.x;
+        if (j < n8) x[u] = __ldcs(&p4[j]);
+      }
+#pragma unroll
+      for (int u = 0; u < LG_LOADS; ++u) {
+        const int j = j0 + u * (int)blockDim.x;
+        if (j >= n8) break;
+        const int v = lo + 8 * j;
+        w(v, x[u].x); w(v + 2, x[u].y); w(v + 4, x[u].z); w(v + 6, x[u].w);
+      }
+    }
+    v0 = lo + 8 * n8;
+  }
+  for (int v = v0 + threadIdx.x; v < hi; v += blockDim.x) t(v, p[v]);
+}
+
 /* f(v, float32 bits of x_v) for every token v of [lo, hi) of a row, each thread its
- * tokens in ascending id; a 16-byte aligned bfloat16 or float16 tile is read 8 tokens
- * per load (the rest one by one). */
+ * tokens in ascending id (16-bit logits through lg_tile16). */
 template <class F>
 DC_FN void lg_tile(const LgRow& r, int lo, int hi, F f) {
-  int v0 = lo;
-  if (r.dt != 0) {
-    const u16* p = (const u16*)r.x + r.off;
-    if ((((size_t)(p + lo)) & 15) == 0) {
-      const int n8 = (hi - lo) >> 3;
-      const uint4* p4 = (const uint4*)(p + lo);
-      for (int j = threadIdx.x; j < n8; j += blockDim.x) {
-        const uint4 w = __ldcs(&p4[j]);
-        const int v = lo + 8 * j;
-        const u32 h[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (r.dt == 2) {
-            f(v + 2 * e, h[e] << 16);
-            f(v + 2 * e + 1, h[e] & 0xFFFF0000u);
-          } else {
-            f(v + 2 * e, lg_half_bits((u16)(h[e] & 0xFFFFu)));
-            f(v + 2 * e + 1, lg_half_bits((u16)(h[e] >> 16)));
-          }
-        }
-      }
-      v0 = lo + 8 * n8;
-    }
+  if (r.dt == 0) {
+    for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) f(v, lg_bits(r, v));
+    return;
   }
-  for (int v = v0 + threadIdx.x; v < hi; v += blockDim.x) f(v, lg_bits(r, v));
+  const u16* p = (const u16*)r.x + r.off;
+  if (r.dt == 2)
+    lg_tile16(p, lo, hi, [&](int v, u32 h) { f(v, h << 16); f(v + 1, h & 0xFFFF0000u); },
+              [&](int v, u16 h) { f(v, (u32)h << 16); });
+  else
+    lg_tile16(p, lo, hi, [&](int v, u32 h) {
+                f(v, lg_half_bits((u16)(h & 0xFFFFu))); f(v + 1, lg_half_bits((u16)(h >> 16)));
+              },
+              [&](int v, u16 h) { f(v, lg_half_bits(h)); });
 }
 
 /* The table entry of a bfloat16 value (as float32 bits) whose binade is one of the
@@ -134,6 +154,12 @@ DC_FN int lg_slot(u32 xb, u32 e0) {
   const u32 d = ((xb >> 23) & 0xFFu) - e0;
   return d < (u32)LG_BIN ? (int)((xb >> 31) * (LG_TE / 2) | (d << 7) | ((xb >> 16) & 0x7Fu))
                          : -1;
+}
+
+/* The float32 bits of table entry s (lg_slot's inverse). */
+DC_FN u32 lg_slot_bits(int s, u32 e0) {
+  return ((u32)(s / (LG_TE / 2)) << 31) | ((e0 + (u32)((s >> 7) & (LG_BIN - 1))) << 23)
+         | ((u32)(s & 0x7F) << 16);
 }
 
 /* The table's three columns: W of a min-p survivor (else 0), the order key of z, the
@@ -327,31 +353,27 @@ DC_FN u32 lg_merge_bad(u32 a, u32 b) {
  * 32-bit word in SIMD halves (nothing reads the argmax of a sampled row): *best the
  * dc_fkey of the largest logit, *bad as lg_merge_bad's words (NaN / +inf flag, largest
  * finite magnitude).  The order key of a bfloat16 h is h ^ 0xFFFF (negative) or
- * h ^ 0x8000: keys compare as the values do (-0 below +0, the same dc_fkey). */
+ * h ^ 0x8000: keys compare as the values do (-0 below +0, the same dc_fkey).  Per half:
+ * the largest key (+inf or a positive NaN: a key >= 0xFF80), the largest magnitude (a NaN:
+ * above 0x7F80) and the largest finite magnitude (m + 0x80 reaches bit 15 exactly when
+ * m >= 0x7F80, with no carry out of the half). */
 DC_FN void lg_max_bf16(const LgRow& r, int lo, int hi, u64* best, u32* bad) {
   const u16* p = (const u16*)r.x + r.off;
-  u32 k2 = 0, m2 = 0, b2 = 0;
+  u32 k2 = 0, a2 = 0, m2 = 0;
   auto word = [&](u32 w) {
     const u32 neg = (w >> 15) & 0x00010001u;
     k2 = __vmaxu2(k2, w ^ (neg * 0xFFFFu | 0x80008000u));
     const u32 m = w & 0x7FFF7FFFu;
-    b2 |= __vcmpgtu2(m, 0x7F807F80u) | __vcmpeq2(w, 0x7F807F80u);  /* NaN, +inf */
-    m2 = __vmaxu2(m2, m & ~__vcmpgeu2(m, 0x7F807F80u));           /* finite only */
+    a2 = __vmaxu2(a2, m);
+    const u32 nonfinite = ((m + 0x00800080u) >> 15) & 0x00010001u;
+    m2 = __vmaxu2(m2, m & ~(nonfinite * 0xFFFFu));
   };
-  int v0 = lo;
-  if ((((size_t)(p + lo)) & 15) == 0) {
-    const int n8 = (hi - lo) >> 3;
-    const uint4* p4 = (const uint4*)(p + lo);
-    for (int j = threadIdx.x; j < n8; j += blockDim.x) {
-      const uint4 w = __ldcs(&p4[j]);
-      word(w.x); word(w.y); word(w.z); word(w.w);
-    }
-    v0 = lo + 8 * n8;
-  }
-  for (int v = v0 + threadIdx.x; v < hi; v += blockDim.x) word((u32)p[v] * 0x00010001u);
-  const u32 k = max(k2 & 0xFFFFu, k2 >> 16), m = max(m2 & 0xFFFFu, m2 >> 16);
+  lg_tile16(p, lo, hi, [&](int, u32 w) { word(w); },
+            [&](int, u16 h) { word((u32)h * 0x00010001u); });  /* one token in both halves */
+  const u32 k = max(k2 & 0xFFFFu, k2 >> 16), a = max(a2 & 0xFFFFu, a2 >> 16),
+            m = max(m2 & 0xFFFFu, m2 >> 16);
   *best = dc_fkey((k ^ ((k & 0x8000u) ? 0x8000u : 0xFFFFu)) << 16);
-  *bad = (b2 ? 0x80000000u : 0u) | (m << 16);
+  *bad = (a > 0x7F80u || k >= 0xFF80u ? 0x80000000u : 0u) | (m << 16);
 }
 
 extern "C" __global__ void __launch_bounds__(256) logits_max(
@@ -364,6 +386,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   __shared__ u32 wi[8], wb[8];
   __shared__ u32 s_e0;
   __shared__ double s_zmax;
+  __shared__ uint64_t stab[4][256];
   const int t = blockIdx.x, r = dc_grid_row();
   if (r >= B * (k + 1)) return;
   const int b = r / (k + 1), i = r - b * (k + 1);
@@ -451,11 +474,9 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   u64* tw = lg_tab_w(tr);
   u64* tkey = lg_tab_key(tr);
   u16* tbk = lg_tab_bucket(tr);
+  const LgTab et = lg_load_table(stab);
   for (int j = tid; j < LG_TE; j += 256) {
-    const u32 xb = ((u32)(j / (LG_TE / 2)) << 31)
-                   | ((e0 + (u32)((j >> 7) & (LG_BIN - 1))) << 23)
-                   | ((u32)(j & 0x7F) << 16);
-    const LgEl e = lg_el_of(row, zmax, xb);
+    const LgEl e = lg_el_of(row, zmax, lg_slot_bits(j, e0), et);
     const bool surv = lg_surv(e.w, mpw);
     tw[j] = surv ? e.w : 0;
     tkey[j] = e.key;
@@ -485,7 +506,7 @@ DC_FN void lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mas
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) logits_hist(
+extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
     int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab) {
@@ -508,7 +529,10 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   const bool table = row.e0 != LG_NOWIN;
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
   if (table) for (int j = tid; j < LG_TE / 2; j += 256) ec[j] = 0;
-  const LgTab tab = lg_load_table(stab);
+  /* the exponential's table in shared memory where every token computes its weight;
+   * a table row's few tokens outside its values read it from global memory */
+  const LgTab tab = table ? LG_GTAB : lg_load_table(stab);
+  __syncthreads();  /* the zeroed counts */
   const int lo = t * tile, hi = min(V, lo + tile);
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
   const bool counts = q.topk > 0;
@@ -525,14 +549,27 @@ extern "C" __global__ void __launch_bounds__(256) logits_hist(
   if (table) {  /* each value present: count x W into its bucket */
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
-    for (int j = tid; j < LG_TE; j += 256) {
-      const u32 c = (ec[j >> 1] >> ((j & 1) << 4)) & 0xFFFFu;
-      if (!c) continue;
-      const u64 w = __ldg(&tw[j]);
-      if (!w) continue;
-      const int bk = __ldg(&tbk[j]);
-      if (counts) atomicAdd(&sc[bk], c);
-      atomicAdd(&sm[bk], (u64)c * w);
+    constexpr int U = 8;  /* values a thread looks up at once (their loads overlap) */
+    static_assert(LG_TE % (U * 256) == 0, "whole rounds of U values a thread");
+    for (int j0 = tid; j0 < LG_TE; j0 += U * 256) {
+      u32 c[U]; u64 w[U]; int bk[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u * 256;
+        c[u] = (ec[j >> 1] >> ((j & 1) << 4)) & 0xFFFFu;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u * 256;
+        w[u] = c[u] ? __ldg(&tw[j]) : 0;
+        bk[u] = c[u] ? __ldg(&tbk[j]) : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!w[u]) continue;
+        if (counts) atomicAdd(&sc[bk[u]], c[u]);
+        atomicAdd(&sm[bk[u]], (u64)c[u] * w[u]);
+      }
     }
     __syncthreads();
   }
@@ -628,6 +665,20 @@ DC_FN LgPick lg_pick_slow(const LgRow& row, const LgCut& c, int V, int bucket, b
   return p;
 }
 
+/* A superset [*lo, *hi] of the dc_fkeys of the logits x whose gap bucket is j: the x
+ * with z = x / T (T = temp > 0) at most 1/64 outside the bucket's range of z,
+ * (zmax - (j+1)/64, zmax - j/64], bounds rounded outwards to float32.  The margin is far
+ * beyond the rounding of z = x / T, of the gap and of x = z * T while |zmax| < 2**40;
+ * otherwise, or with a bound too near zero for float32 (flushed), every key. */
+DC_FN void lg_bucket_keys(double zmax, double temp, int j, u32* lo, u32* hi) {
+  *lo = 0; *hi = 0xFFFFFFFFu;
+  if (!(fabs(zmax) < 1099511627776.0)) return;
+  const double xl = (zmax - (j + 2) / 64.0) * temp, xh = (zmax - (j - 1) / 64.0) * temp;
+  if (fabs(xl) < 1e-30 || fabs(xh) < 1e-30) return;
+  *lo = dc_fkey(__float_as_uint(__double2float_rd(xl)));
+  *hi = dc_fkey(__float_as_uint(__double2float_ru(xh)));
+}
+
 /* Bitonic sort of n <= LG_CAP (key, id) pairs in shared memory by key descending, id
  * ascending (entries past n padded to sort last). */
 DC_FN void lg_sort(u64* key, u32* id, int n) {
@@ -675,19 +726,17 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
   const int bucket = (int)rc[LG_BUCKET];
   const bool by_mass = stage == LG_RES_P;
   const u64* tkey = lg_tab_key(row.tab);
-  u16* sbk = (u16*)s32;  /* the table's bucket column, until the gather is done */
-  if (row.e0 != LG_NOWIN) {
-    const u16* tbk = lg_tab_bucket(row.tab);
-    for (int j = tid; j < LG_TE; j += 256) sbk[j] = __ldg(&tbk[j]);
-    __syncthreads();
-  }
+  const u16* tbk = lg_tab_bucket(row.tab);
+  u32 klo, khi;
+  lg_bucket_keys(c.zmax, q.temp, bucket, &klo, &khi);
   /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
   const int lo = t * tile, hi = min(V, lo + tile);
   lg_tile(row, lo, hi, [&](int v, u32 xb) {
     const int s = lg_slot(xb, row.e0);
     u64 key;
     if (s >= 0) {  /* a survivor in the bucket, from the table */
-      if (sbk[s] != bucket) return;
+      const u32 fk = dc_fkey(xb);
+      if (fk < klo || fk > khi || __ldg(&tbk[s]) != bucket) return;
       key = __ldg(&tkey[s]);
     } else {
       /* the bucket from the gap alone (W > 0 needs a gap below 32); the weight, for
@@ -832,15 +881,30 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
  * the logits.  Tile sums in 128 bits (sparse q / point mass: every P_v, then the
  * support entries of the tile corrected); the request's last block draws X below
  * the total (domain CORRECTION at the row's position) and the token. */
-struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; LgTab tab; };
+struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; LgTab tab; u32 low; };
+
+/* A dc_fkey below which no token of the row has P > 0: the key of the value of the
+ * tighter cut's token (the larger cut key), provided the next float32 below that value
+ * already ranks below the cut (z = x / T could round distinct values together; then, and
+ * without a cut, 0: no bound). */
+DC_FN u32 lg_low_key(const LgRow& r, const LgCut& c) {
+  const bool p = c.pkey >= c.kkey;
+  const u64 ck = p ? c.pkey : c.kkey;
+  const i64 id = p ? c.pid : c.kid;
+  if (!ck || id < 0) return 0;
+  const u32 key = dc_fkey(lg_bits(r, (int)id));
+  return key && dy_order_key(lg_z_of(r, dc_fkey_bits(key - 1))) < ck ? key : 0;
+}
 
 DC_FN dy_u128 lg_res_weight(const LgRes& r, int v) {
-  const u64 P = lg_p(r.row, r.c, v, r.tab);
+  const u32 xb = lg_bits(r.row, v);
+  const u64 P = dc_fkey(xb) < r.low ? 0 : lg_p_of(r.row, r.c, v, xb, r.tab);
+  if (!P) return dy_make128(0, 0);  /* dy_residual(0, q, T) = 0: q is not read */
   if (r.bonus) return dy_from64(P);
   return dy_residual(P, q_at(r.qcr, r.qir, r.nv, v, r.d), r.T);
 }
 
-extern "C" __global__ void __launch_bounds__(256) logits_residual(
+extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nrt,
     int rt, const int* draft, const u32* qc, const int* qi, int W, const void* kseed,
@@ -862,7 +926,13 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   r.row.x = x; r.row.dt = dt; r.row.off = ((i64)b * (k + 1) + i) * V; r.row.temp = q.temp;
   r.row.greedy = 0; r.row.tab = vtab + ((i64)b * (k + 1) + i) * LG_TABW;
   r.row.e0 = (u32)rc[LG_WIN];
-  r.c = lg_cut_of(rc); r.T = rc[LG_T]; r.tab = lg_load_table(stab);
+  r.c = lg_cut_of(rc); r.T = rc[LG_T];
+  /* a cut row: only tokens at or above r.low can have P > 0, and they are few (their
+   * weights from global memory); otherwise the exponential's table and the row's P
+   * column in shared memory */
+  r.low = lg_low_key(r.row, r.c);
+  const bool pcol = r.low == 0;
+  r.tab = pcol ? lg_load_table(stab) : LG_GTAB;
   r.bonus = i == k || i == q.n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
   if (!r.bonus) {
     r.d = draft[(i64)b * k + i];
@@ -880,10 +950,11 @@ extern "C" __global__ void __launch_bounds__(256) logits_residual(
   }
   const int lo = tile * rt, hi = min(V, lo + rt);
   const bool dense = !r.bonus && r.qcr && !r.qir;
-  lg_load_pcol(r.row, r.c, spc);
+  if (pcol) lg_load_pcol(r.row, r.c, spc);
   dy_u128 s = dy_make128(0, 0);
   lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
-    const u64 P = lg_p_col(r.row, r.c, v, xb, spc, r.tab);
+    if (dc_fkey(xb) < r.low) return;  /* P = 0: no residual, no bonus mass */
+    const u64 P = pcol ? lg_p_col(r.row, r.c, v, xb, spc, r.tab) : lg_p_of(r.row, r.c, v, xb, r.tab);
     s = dy_add128(s, dense ? dy_residual(P, r.qcr[v], r.T)
                            : (r.bonus ? dy_from64(P)
                                       : dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)));
