@@ -303,6 +303,33 @@ def test_bf16_logits_spanning_many_binades(cuda, v):
         assert not _np(want.status).any()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_extreme_scales_and_cut_values(cuda, dtype):
+    """Rows whose z = x / T is beyond 2**40 in magnitude (logits near 1e12 at T = 1;
+    ordinary logits at T = 1e-11), logits near 1e-32 at T = 1e-32 (the bounds of a gap
+    bucket's logits then lie below float32's normal range), a top-p cut landing inside the
+    tokens of value 0 and -0.0 (round(z) at T = 1), a row with no cut (its residual
+    reads every token) and top-k with top-p at T = 2.5: cuda equals cpu bit for bit."""
+    torch = cuda
+    rng = np.random.default_rng(83 + len(dtype))
+    b, k, v = 6, 2, 3000
+    z = rng.standard_normal((b, k + 1, v))
+    x = 3 * z
+    x[0] *= 1e12
+    x[2] *= 1e-32
+    x[3] = np.round(z[3])
+    x = x.astype(np.float32)
+    assert (x[3] == 0).any() and np.signbit(x[3][x[3] == 0]).any()  # -0.0 among the zeros
+    params = {"temperature": np.array([1.0, 1e-11, 1e-32, 1.0, 0.7, 2.5]),
+              "top_k": np.array([0, 0, 0, 0, 0, 7], dtype=np.int64),
+              "top_p": np.array([0.9, 0.5, 0.9, 0.8, 1.0, 0.95], dtype=np.float32),
+              "min_p": np.zeros(b, dtype=np.float32)}
+    for qkind, check in (("dense", False), ("sparse", "lazy"), ("point", False)):
+        q, draft = _q_draft(rng, x, k, qkind)
+        _both(torch, x, dtype, draft, q, _keys(rng, b), params, check,
+              on_device={"params", "keys"})
+
+
 def _tied_at_boundary(row, top_p):
     """How many tokens share the value at which a row's top-p prefix ends (T = 1; from
     float64 weights: the test's premise, not the rule)."""
