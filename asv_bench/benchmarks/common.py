@@ -97,6 +97,18 @@ def verify_inputs(backend, batch, vocab, k=DEPTH, sparse=False):
     return to_backend(p, backend), to_backend(draft, backend), q
 
 
+def verify_logits_inputs(backend, batch, vocab, k=DEPTH):
+    """(target logits [B, k+1, V], draft [B, k], dense q Dyadic [B, k], num_drafts [B]):
+    the logits 3 z of ``verify_inputs``' p (bfloat16 on GPU backends, float32 on the CPU),
+    its draft and q, and ragged draft counts b mod (k + 1)."""
+    _, draft, q = verify_inputs(backend, batch, vocab, k)
+    z = 3.0 * rng_for(vocab, batch).standard_normal((batch, k + 1, vocab)).astype(np.float32)
+    nd = (np.arange(batch) % (k + 1)).astype(np.int32)
+    if backend in GPU_BACKENDS:
+        return to_backend(z, backend, _torch().bfloat16), draft, q, to_backend(nd, backend)
+    return z, draft, q, nd
+
+
 def _host_backend():
     import dyadic
 
