@@ -22,9 +22,10 @@
  *  logits_resolve   (launched twice, once when the call gives no top_k) grid (tiles,
  *                   rows): the survivors in that bucket are gathered; the last block
  *                   sorts them by (z desc, id asc) and takes the exact cut; a top-p cut
- *                   after a top-k cut may need the second launch.  More than LG_CAP tokens in one bucket (ties of
- *                   thousands of equal logits): the last block selects by an 8-bit
- *                   radix over the whole row instead (exact, slower).
+ *                   after a top-k cut may need the second launch.  More than LG_CAP
+ *                   tokens in one bucket (ties of thousands of equal logits): the last
+ *                   block selects by an 8-bit radix over the whole row instead (exact,
+ *                   slower).
  *  logits_chain     grid (1, B): the request's checks in the CPU backend's order and
  *                   the acceptance chain on P(d) computed from the logits.
  *  logits_residual  grid (tiles, B): the residual (or bonus) row's tile sums; the
