@@ -69,6 +69,23 @@ def _outcome(fn):
         return (type(exc).__name__, str(exc))
 
 
+def _bias_row(rng, v):
+    """A bias [V]: N(0, 1), about a fifth of it -inf."""
+    bias = rng.normal(0, 1, v).astype(np.float32)
+    bias[rng.random(v) < 0.2] = -np.inf
+    return bias
+
+
+def _shard_masked(x, split, world, rng):
+    """A copy of the logits x [B, V]; for V >= 7, three times in ten one whole shard of
+    ``split`` at -inf."""
+    xm = x.copy()
+    if x.shape[1] >= 7 and rng.random() < 0.3:
+        s_lo, s_hi = split[int(rng.integers(0, world))]
+        xm[:, s_lo:s_hi] = -np.inf
+    return xm
+
+
 def _logits(rng, b, v, kind):
     if kind == "random":
         x = rng.normal(0, 3, (b, v))
@@ -97,19 +114,13 @@ def propose_cases(rank, world, rng_seed, backend, n_cases):
                         return results, fails
                     b = 3
                     x = _logits(rng, b, v, kind)
-                    bias = None
-                    if rng.random() < 0.4:
-                        bias = rng.normal(0, 1, v).astype(np.float32)
-                        bias[rng.random(v) < 0.2] = -np.inf
+                    bias = _bias_row(rng, v) if rng.random() < 0.4 else None
                     temp = np.array([1.0, 0.0, 0.7])[:b] if rng.random() < 0.5 else 1.3
                     keys = dyadic.Keys(seed=int(rng.integers(0, 2**63)), round=3,
                                        position=int(rng.integers(0, 1000)))
                     for split in _splits(v, world, rng, permute=bool(case % 2)):
                         lo, hi = split[rank]
-                        xm = x.copy()
-                        if v >= 7 and rng.random() < 0.3:  # mask a whole shard
-                            s_lo, s_hi = split[int(rng.integers(0, world))]
-                            xm[:, s_lo:s_hi] = -np.inf
+                        xm = _shard_masked(x, split, world, rng)
                         if v >= 2 and rng.random() < 0.15:  # a bad value somewhere
                             xm[int(rng.integers(0, b)), int(rng.integers(0, v))] = \
                                 np.nan if rng.random() < 0.5 else np.inf
@@ -314,8 +325,7 @@ def dense_cases(rank, world, rng_seed, n_cases):
                     x = _logits(rng, b, v, kind)
                     bias = None
                     if case % 3 == 1:
-                        bias = rng.normal(0, 1, v).astype(np.float32)
-                        bias[rng.random(v) < 0.2] = -np.inf
+                        bias = _bias_row(rng, v)
                     elif case % 3 == 2:
                         bias = rng.normal(0, 1, (b, v)).astype(np.float32)
                     temp = rng.choice([0.0, 0.7, 1.0, 1.3, 40.0], size=b)
@@ -325,10 +335,7 @@ def dense_cases(rank, world, rng_seed, n_cases):
                                        position=rng.integers(0, 2**31, size=b))
                     for split in _splits(v, world, rng, permute=bool(case % 2)):
                         lo, hi = split[rank]
-                        xm = x.copy()
-                        if v >= 7 and rng.random() < 0.3:  # mask a whole shard
-                            s_lo, s_hi = split[int(rng.integers(0, world))]
-                            xm[:, s_lo:s_hi] = -np.inf
+                        xm = _shard_masked(x, split, world, rng)
                         bad = v >= 2 and b >= 2 and rng.random() < 0.2
                         if bad:  # a bad value in row 1 (its owner alone sees it)
                             xm[1, int(rng.integers(0, v))] = np.nan if case % 2 else np.inf

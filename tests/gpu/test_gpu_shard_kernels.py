@@ -61,6 +61,18 @@ def _logits(rng, b, v, kind):
     return x
 
 
+def _bias(rng, kind, b, v, scale=1.0):
+    """None ("none"), a bias [1, V] of N(0, 1) with about a fifth -inf ("one"), or one
+    [B, V] of N(0, scale) ("rows")."""
+    if kind == "one":
+        bias = rng.normal(0, 1, (1, v)).astype(np.float32)
+        bias[0, rng.random(v) < 0.2] = -np.inf
+        return bias
+    if kind == "rows":
+        return rng.normal(0, scale, (b, v)).astype(np.float32)
+    return None
+
+
 def _eq(cp, a, b, what):
     np.testing.assert_array_equal(cp.asnumpy(b), a, err_msg=what)
 
@@ -75,13 +87,8 @@ def test_topk_merge(mods, kind, v):
     temp = np.array([1.0, 0.7, 1.0, 1.3])
     greedy = np.array([0, 0, 1, 0], np.uint8)
     cuts = [0] + sorted(rng.integers(0, v + 1, 2).tolist()) + [v]
-    for bias_kind in (None, "one", "rows"):
-        bias = None
-        if bias_kind == "one":
-            bias = rng.normal(0, 1, (1, v)).astype(np.float32)
-            bias[0, rng.random(v) < 0.2] = -np.inf
-        elif bias_kind == "rows":
-            bias = rng.normal(0, 1, (b, v)).astype(np.float32)
+    for bias_kind in ("none", "one", "rows"):
+        bias = _bias(rng, bias_kind, b, v)
         ncol = 2 if bias is None else 3
         for k in (1, 5, 32, v + 3):
             gh, gd = [], []
@@ -146,13 +153,8 @@ def test_dense_weights(mods, kind, v):
              np.array([1.3, 1.0, 1.0, 0.25, 1e-30, 7.0]))
     rows = np.array([1, 1, 1, 0, 1, 1], np.uint8)
     cuts = [0] + sorted(rng.integers(0, v + 1, 2).tolist()) + [v]
-    for bias_kind in (None, "one", "rows"):
-        bias = None
-        if bias_kind == "one":
-            bias = rng.normal(0, 1, (1, v)).astype(np.float32)
-            bias[0, rng.random(v) < 0.2] = -np.inf
-        elif bias_kind == "rows":
-            bias = rng.normal(0, 2, (b, v)).astype(np.float32)
+    for bias_kind in ("none", "one", "rows"):
+        bias = _bias(rng, bias_kind, b, v, scale=2.0)
         for temp in temps:
             zmax = _z_max(x, None if bias is None else np.broadcast_to(bias, x.shape), temp)
             for lift in (0.0, 0.5):
