@@ -177,7 +177,8 @@ class CupyBackend(Backend):
             def run(x, bias, temp, keys, tokens, counts, ids, status, ftopk, ftopp, fminp):
                 go = launch if bias is None else biased(bias)
                 if propose:
-                    kptrs, kfmt = keys_of(A.Call(), *keys, batch)
+                    call = A.Call()  # holds what the key fields needed moved, for the launch
+                    kptrs, kfmt = keys_of(call, *keys, batch)
                     tok = tokens.data_ptr()
                 else:
                     kptrs, kfmt, tok = no_keys, 0, 0
@@ -206,7 +207,8 @@ class CupyBackend(Backend):
         keys_of = A.keys
 
         def run(counts, ids, keys, tokens):
-            kptrs, kfmt = keys_of(A.Call(), *keys, batch)
+            call = A.Call()  # holds what the key fields needed moved, for the launch
+            kptrs, kfmt = keys_of(call, *keys, batch)
             launch(counts.data_ptr(), 0 if ids is None else ids.data_ptr(), kptrs, kfmt,
                    tokens.data_ptr())
         return run
@@ -222,7 +224,8 @@ class CupyBackend(Backend):
         def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):
             # nd: num_drafts, an int32 [B] device tensor (dyadic._gpu_arrays._num_drafts),
             # read by the kernels only: no copy, no synchronisation
-            kptrs, kfmt = keys_of(A.Call(), *keys, batch)
+            call = A.Call()  # holds what the key fields needed moved, for the launch
+            kptrs, kfmt = keys_of(call, *keys, batch)
             launch(t.data_ptr(), d.data_ptr(), 0 if qc is None else qc.data_ptr(),
                    0 if qi is None else qi.data_ptr(), g.data_ptr() if greedy else 0, kptrs,
                    kfmt, a.data_ptr(), tk.data_ptr(), st.data_ptr(),
@@ -241,7 +244,8 @@ class CupyBackend(Backend):
         def run(t, d, qc, qi, g, params, keys, a, tk, st, nd=None):
             # params: temperature float64, top_k int64, top_p / min_p float32 device
             # tensors [B] (dyadic._gpu_arrays._logits_params); nd as verify_runner's
-            kptrs, kfmt = keys_of(A.Call(), *keys, batch)
+            call = A.Call()  # holds what the key fields needed moved, for the launch
+            kptrs, kfmt = keys_of(call, *keys, batch)
             temp, topk, topp, minp = params
             launch(t.data_ptr(), temp.data_ptr(), topk.data_ptr(), topp.data_ptr(),
                    minp.data_ptr(), 0 if g is None else g.data_ptr(),
