@@ -59,7 +59,7 @@ PY
       tests/gpu/test_gpu_large_batch.py tests/gpu/test_launch_pack.py \
       tests/gpu/test_cuda_routes.py tests/gpu/test_device_host_tensor.py \
       tests/gpu/test_gpu_ragged.py tests/gpu/test_gpu_logits_unavailable.py \
-      tests/gpu/test_gpu_verify_logits.py \
+      tests/gpu/test_gpu_verify_logits.py tests/gpu/test_gpu_filtered_alloc.py \
       tests/bench/test_gpu_cases.py tests/cpu/test_fail_closed_rows.py \
       tests/cpu/test_memory_safety.py tests/cpu/test_dyadic_ownership.py \
       tests/cpu/test_trusted_results.py tests/cpu/test_import_light.py 2>&1 | tail -${TAIL:-40}
@@ -69,6 +69,7 @@ PY
   timeout ${NUMBA_T:-90} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
       tests/gpu/test_gpu_parity_numba.py tests/gpu/test_numba_compiled_core.py \
       tests/gpu/test_numba_bounds.py tests/gpu/test_numba_verify_logits.py \
+      tests/gpu/test_numba_device_logits.py \
       2>&1 | tail -${TAIL:-25}
   echo "numba parity exit: $?"
   fi

@@ -36,9 +36,14 @@ ROUTES = [
     # tests/gpu/test_gpu_parity.py (top_k > 32), tests/gpu/test_gpu_large_batch.py
     ("propose", dict(batch=4, v=V, top_k=64), ("topk_select",)),
     ("allocate", dict(batch=1, v=V, top_k=33), ("topk_select",)),
-    # tests/gpu/test_gpu_filtered_alloc.py: top_p / min_p / per-row top_k
-    ("propose", dict(batch=1, v=V, top_k=32, x16=True, filtered=True), ("topk_select",)),
-    ("allocate", dict(batch=64, v=V, top_k=5, logits=True, filtered=True), ("topk_select",)),
+    # tests/gpu/test_gpu_filtered_alloc.py: top_p / min_p / per-row top_k (SHAPES)
+    ("propose", dict(batch=2, v=V, top_k=32, x16=True), ("topk_onepass_packed8k",)),
+    ("propose", dict(batch=20, v=V, top_k=16, x16=True), ("topk_onepass_packed16k",)),
+    ("allocate", dict(batch=40, v=V, top_k=8, x16=True, logits=True),
+     ("topk_onepass_packed32k",)),
+    ("propose", dict(batch=8, v=V, top_k=32), ("topk_onepass_wide",)),
+    ("propose", dict(batch=4, v=8000, top_k=32), ("topk_onepass",)),
+    ("propose", dict(batch=3, v=20000, top_k=64, x16=True), ("topk_select",)),
     # tests/gpu/test_gpu_dense_alloc.py
     ("allocate", dict(batch=64, v=V, top_k=None), ("dense_max", "dense_sum", "dense_floor",
                                                    "dense_mark")),

@@ -124,6 +124,44 @@ def test_filtered_matches_cpu(cuda, dtype, v, case, where, primitive):
     _same(got, want, list(want))
 
 
+# (rows, V, dtype, top_k): the filters on every sparse kernel family of the cuda backend
+# (tests/gpu/test_cuda_routes.py): 16-bit logits on 16-byte loads at 2, 20 and 40 rows of
+# a large vocabulary, float32 over many tiles, a small grid, top_k above 32
+SHAPES = [(2, 129280, "bfloat16", 32), (20, 129280, "bfloat16", 16),
+          (40, 129280, "float16", 8), (8, 129280, "float32", 32), (4, 8000, "float32", 32),
+          (3, 20000, "bfloat16", 64)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("primitive", ["propose", "allocate"])
+def test_filtered_sparse_kernels_match_cpu(cuda, shape, primitive):
+    """Per-row top_k / top_p / min_p / temperature (a T = 0 row, a T below 2**-700 that
+    ranks on 64-bit keys, a row of ties, a row of three finite logits) and one row with
+    an invalid top_p failing closed: every output and status equals cpu's."""
+    b, v, dtype, k = shape
+    rng = np.random.default_rng(b * v + k)
+    x, xh = _host(_logits(rng, b, v), dtype, cuda)
+    top_k = rng.integers(1, k + 1, b)
+    top_k[0] = k
+    top_p = rng.uniform(0.2, 1.0, b).astype(np.float32)
+    top_p[b - 1] = 0.0 if b > 4 else top_p[b - 1]
+    min_p = np.where(rng.random(b) < 0.5, 0.0, rng.uniform(0.0, 0.2, b)).astype(np.float32)
+    temp = rng.choice([0.6, 0.9, 1.0, 1.7], b)
+    temp[min(1, b - 1)] = 0.0 if primitive == "propose" else 1e-300
+    if b > 5:
+        temp[5] = 1e-300
+    keys = dyadic.Keys(seed=rng.integers(0, 2**62, b), position=rng.integers(0, 2**30, b))
+    policy = "floor-first" if b % 2 else "standard"
+    host_kw = dict(top_k=top_k, top_p=top_p, min_p=min_p, temperature=temp, policy=policy)
+    dev_kw = dict(host_kw, **{n: _param(cuda, host_kw[n], "device")
+                              for n in ("top_k", "top_p", "min_p", "temperature")})
+    want = _run(primitive, xh, keys, "cpu", host_kw)
+    got = _run(primitive, x, keys, "cuda", dev_kw)
+    _same(got, want, list(want))
+    if b > 4:
+        assert np.asarray(want["status"])[b - 1] != 0
+
+
 @pytest.mark.parametrize("primitive", ["propose", "allocate"])
 def test_filtered_with_bias(cuda, primitive):
     rng = np.random.default_rng(7)

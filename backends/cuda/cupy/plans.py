@@ -82,10 +82,12 @@ def _row_inputs(x_code, bias_code, bias_rows, logits, greedy_ok, v, has_bias):
 
 class OnePassTopK:
     """topk_onepass / topk_onepass_wide / topk_onepass_packed*: one launch, grid (R, B),
-    the last block of a row merges the tiles' candidates, allocates and draws."""
+    the last block of a row merges the tiles' candidates, allocates and draws.
+    ``filtered``: the last block first checks the row's top_k / top_p / min_p (as
+    SelectTopK) and keeps the prefix of the support's ranking that they keep."""
 
     def __init__(self, route, batch, v, k, x_code, bias_code, bias_rows, logits, greedy_ok,
-                 policy, do_draw):
+                 policy, do_draw, filtered=False):
         wide = route == "wide"
         self.wide, self.v, self.x16 = wide, v, x_code != 0
         tile = routes.onepass_tile(route, v)
@@ -101,7 +103,8 @@ class OnePassTopK:
         def make(name, r, tile, vec):
             args = (common + (I32[k], np.int32(r), np.int32(tile), I32[policy], I32[do_draw],
                               *_KEYVARS, _KFMT) + _ptrs(bufs) + outs
-                    + ((I32[int(vec)],) if wide else ()) + (I32[batch],))
+                    + ((I32[int(vec)],) if wide else ()) + (I32[batch], I32[int(filtered)])
+                    + tuple(_VAR(n) for n in ("ftopk", "ftopp", "fminp")))
             return _Launch(runtime.kernel(name), routes.rgrid(r, batch),
                            (routes.ONEPASS_THREADS,), args, _ALLOC_PARAMS, bufs)
 
@@ -119,14 +122,15 @@ class OnePassTopK:
             else:
                 self.aligned = make(name, r, tile, True)
 
-    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, ftopk=0,
+               ftopp=0, fminp=0):
         vec = self.vec_ok and x % 16 == 0
         (self.aligned if vec else self.plain).go(x, bias, temp, kptrs, kfmt, tokens, counts,
-                                                 ids, status, vec, 0, 0, 0, 0)
+                                                 ids, status, vec, 0, ftopk, ftopp, fminp)
 
 
 class SelectTopK:
-    """topk_select (top_k > 32, and every filtered call): grid (ceil(V / 2048), B),
+    """topk_select (top_k > 32): grid (ceil(V / 2048), B),
     per-tile radix select or rank counting, the last block of a row merges, allocates and
     draws.  ``filtered``: the last block first checks the row's top_k / top_p / min_p
     (``ftopk`` int64 [B] or 0: top_k for every row; ``ftopp`` / ``fminp`` float32 [B])
@@ -205,14 +209,14 @@ class Dense:
 def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
                do_draw, filtered=False):
     """The plan of an allocate (do_draw 0, greedy_ok 0) or propose (1, 1); ``filtered``:
-    with top_p / min_p / per-row top_k (logits, top_k given: the select route)."""
+    with top_p / min_p / per-row top_k (logits, top_k given: a sparse route)."""
     key = ("alloc", dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, policy,
            do_draw, filtered)
     plan = PLANS.get(key)
     if plan is None:
         has_bias = bool(bias_code or bias_rows)
         route = routes.alloc_route(top_k, batch, v, has_bias and logits,
-                                   not has_bias and logits and x_code != 0, filtered)
+                                   not has_bias and logits and x_code != 0)
         if route == "dense":
             make, args = Dense, (batch, v, x_code, bias_code, bias_rows, logits, greedy_ok,
                                  policy, do_draw)
@@ -221,7 +225,7 @@ def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greed
                                       greedy_ok, policy, do_draw, filtered)
         else:
             make, args = OnePassTopK, (route, batch, v, top_k, x_code, bias_code, bias_rows,
-                                       logits, greedy_ok, policy, do_draw)
+                                       logits, greedy_ok, policy, do_draw, filtered)
         plan = get(key, make, *args)
     return plan
 

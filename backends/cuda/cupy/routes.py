@@ -12,7 +12,8 @@ Routes (kernel names of backends/cuda/kernels/):
   (tiles of 4096 ids) where its grid is small or a bias is added to logits, else
   ``topk_onepass_wide`` (tiles of up to 8192 ids); for bfloat16 / float16 logits
   without bias on 16-byte loads ``topk_onepass_packed8k / 16k / 32k`` in the wide
-  kernel's place.  top_k > ONEPASS_MAX_K: ``topk_select``.
+  kernel's place.  top_k > ONEPASS_MAX_K: ``topk_select``.  With top_p / min_p / a
+  per-row top_k the same kernels (their last block applies the filters).
 - dense allocate / propose: ``dense_max``, ``dense_sum``, ``dense_floor``,
   ``dense_mark`` (then ``draw_rows`` for propose).
 - draw: ``draw_rows``.
@@ -113,16 +114,16 @@ def tile_for(v, rows, nsm, cap, per_sm=4):
 
 
 # --- allocate / propose ----------------------------------------------------------------
-def alloc_route(top_k, batch, v, bias_on_logits, packed16, filtered=False):
+def alloc_route(top_k, batch, v, bias_on_logits, packed16):
     """The kernel family of an allocate / propose: "onepass", "wide", "select" or
     "dense".  ``bias_on_logits``: a bias is added to logits (topk_onepass_wide reads no
     bias); ``packed16``: 16-bit logits without bias (the wide kernels at every batch,
-    where the packed kernels take over); ``filtered``: top_p / min_p / per-row top_k
-    (only topk_select applies the filters: they are rare beside plain top-k, and one
-    kernel holds their rules)."""
+    where the packed kernels take over).  A call with top_p / min_p / a per-row top_k
+    takes the route of the same call without them: every sparse kernel's last block
+    applies the filters to its ranked support."""
     if not top_k:
         return "dense"
-    if top_k > ONEPASS_MAX_K or filtered:
+    if top_k > ONEPASS_MAX_K:
         return "select"
     tiles = -(-v // (ONEPASS_THREADS * ONEPASS_EPT))
     wide_fits = -(-v // (ONEPASS_THREADS * WIDE_EPT)) * ONEPASS_CAP <= ONEPASS_THREADS * ONEPASS_EPT
@@ -235,9 +236,10 @@ def logits_tiles(v, batch, k1, nsm):
 def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
-    (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
-    min_p / per-row top_k) for allocate / propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits
-    target) and top_k (with logits: a top_k given, default True) for verify."""
+    (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for allocate / propose
+    (top_p / min_p / a per-row top_k change nothing); k1, greedy, lazy, ragged
+    (num_drafts given), logits (a logits target) and top_k (with logits: a top_k given,
+    default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
@@ -245,7 +247,7 @@ def kernel_names(primitive, **shape):
         logits = primitive == "propose" or shape.get("logits", False)
         bias, x16 = shape.get("bias", False), shape.get("x16", False)
         route = alloc_route(shape.get("top_k") or 0, b, v, bias and logits,
-                            not bias and logits and x16, shape.get("filtered", False))
+                            not bias and logits and x16)
         if route == "dense":
             names = ("dense_max", "dense_sum", "dense_floor", "dense_mark")
             return names + (("draw_rows",) if primitive == "propose" else ())

@@ -534,6 +534,31 @@ DC_FN double row_temp(const double* temp, int row, int greedy_ok, bool* greedy) 
   return *greedy ? 1.0 : t;
 }
 
+/* A row's filters of allocate / propose (docs/semantics.md "Filtered support"): on when
+ * the call gives top_p / min_p / a per-row top_k; topk the row's top_k (ftopk, null: the
+ * width K) reduced by dy_filter_top_k (-1: invalid), topp / minp float32 bits (null: 1
+ * and 0). */
+struct DcFilt { int on; i64 topk; u32 topp, minp; };
+
+DC_FN DcFilt dc_filt(int filt, const i64* ftopk, const u32* ftopp, const u32* fminp, int row,
+                     int K) {
+  DcFilt f;
+  f.on = filt; f.topk = K; f.topp = 0x3F800000u; f.minp = 0u;
+  if (filt) {
+    f.topk = dy_filter_top_k(ftopk ? ftopk[row] : (i64)K, (uint32_t)K);
+    if (ftopp) f.topp = ftopp[row];
+    if (fminp) f.minp = fminp[row];
+  }
+  return f;
+}
+
+/* The status of a row's filter parameters (0: valid, or no filters), checked before the
+ * row's values in the order of dy_allocate_filtered_row. */
+DC_FN int dc_filt_status(const DcFilt& f) {
+  if (!f.on) return 0;
+  return f.topk < 0 ? DY_ST_TOP_K_INVALID : dy_logits_params_status(1.0, f.topk, f.topp, f.minp);
+}
+
 DC_FN void fail_sparse(int row, int W, int code, int* tokens, u32* counts, int* ids, int* status) {
   for (int j = threadIdx.x; j < W; j += blockDim.x) { counts[(i64)row * W + j] = 0; ids[(i64)row * W + j] = -1; }
   if (threadIdx.x == 0) { status[row] = code; if (tokens) tokens[row] = -1; }

@@ -274,13 +274,14 @@ DC_FN u64 pk_load_keys(const void* x, int xdt, i64 xoff, int lo, int n, bool fas
 }
 
 /* The tail, one warp: lane j < K holds the support entry of rank j (exact key
- * desc, id asc) as (key, id); lanes >= K hold (0, 0x7FFFFFFF).  Weights,
- * floor, largest remainders (ties: lowest id) or floor-first, the nonzero
+ * desc, id asc) as (key, id); lanes >= K hold (0, 0x7FFFFFFF).  Weights, the
+ * filters' kept prefix of the ranking (f.on: dy_filter_prefix; the entries after it
+ * weigh 0), floor, largest remainders (ties: lowest id) or floor-first, the nonzero
  * entries in id order, the draw: the integer arithmetic of topk_select.  kk: the
  * row's RNG key (pk_key: loaded before the merge, so its latency overlaps it). */
 DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int policy,
-                   int do_draw, const DcKey& kk, int* tokens, u32* counts, int* ids, int* status,
-                   int pk_prof) {
+                   int do_draw, const DcKey& kk, const DcFilt& f, int* tokens, u32* counts,
+                   int* ids, int* status, int pk_prof) {
   const int lane = threadIdx.x & 31;
   const bool act = lane < K;
   const u64 mk = __shfl_sync(0xffffffffu, key, 0);
@@ -316,7 +317,17 @@ DC_FN void pk_tail(int row, int K, u64 key, int id, int logits, bool greedy, int
   }
   __syncwarp();  /* tl_i is rewritten below */
   PK_CLK(1);
-  const u64 w = act ? weight_of_key(key, mk, logits) : 0;
+  u64 w = act ? weight_of_key(key, mk, logits) : 0;
+  if (f.on) {  /* the weights in rank order (lane = rank), the kept prefix */
+    tl_u[lane] = w;
+    __syncwarp();
+    int keep = 0;
+    if (lane == 0)
+      keep = (int)dy_filter_prefix((const uint64_t*)tl_u, (uint32_t)K, f.topk, f.topp, f.minp);
+    keep = __shfl_sync(0xffffffffu, keep, 0);
+    __syncwarp();  /* tl_u is rewritten below */
+    if (lane >= keep) w = 0;
+  }
   const u64 S = warp_sum64(w);
   PK_CLK(2);
   const u64 m = (u64)DY_TOTAL * w;
@@ -423,15 +434,15 @@ DC_FN bool pk_tile_done(int used, u64 mybad, u64* ck, int* ci, u64* blk_bad, u32
 }
 
 /* The last block of a row of topk_onepass / topk_onepass_wide (the slot layout above): the
- * tiles' first bad element, the merge of the R * PK_CAP slots (loaded before the
- * bad-element reduction, so both reads are in flight together), then warp 0
- * forms the exact keys of the K winners (fast rows: from the float the coarse
+ * filters' parameters (f), the tiles' first bad element, the merge of the R * PK_CAP slots
+ * (loaded before the bad-element reduction, so both reads are in flight together), then
+ * warp 0 forms the exact keys of the K winners (fast rows: from the float the coarse
  * key encodes, pk_fval; no reload of x) and runs the tail. */
 DC_FN void pk2_last(
     int row, int R, int K, bool fast, bool narrow, bool greedy, int logits, double T, int policy,
     int do_draw, const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
-    int* ids, int* status, PkShared& ps, DcShared& sh) {
+    const DcFilt& f, const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens,
+    u32* counts, int* ids, int* status, PkShared& ps, DcShared& sh) {
   __shared__ u64 ok[PK_KMAX];
   __shared__ int oi[PK_KMAX];
   const int tid = threadIdx.x;
@@ -458,6 +469,8 @@ DC_FN void pk2_last(
   u64 b = NONE_BAD;
   for (int t = tid; t < R; t += PK_NT) { u64 w = __ldcg(&blk_bad[(i64)row * R + t]); b = w < b ? w : b; }
   b = block_reduce64(b, 2, sh);
+  const int fst = dc_filt_status(f);
+  if (fst) { fail_sparse(row, K, fst, do_draw ? tokens : 0, counts, ids, status); return; }
   if (b != NONE_BAD) { fail_sparse(row, K, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   {
     auto key = [&](int q) -> u64 { return c[q]; };
@@ -478,7 +491,7 @@ DC_FN void pk2_last(
     if (fast) key = rank_key(pk_fval((u32)(ok[tid] >> 32)), 0, 0, 0, T, logits, &bad);
     else key = narrow ? ok[tid] >> 32 : ok[tid];
   }
-  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status,
+  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, f, tokens, counts, ids, status,
           pk_prof);
   PK_STAMP(6);
 }
@@ -488,7 +501,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   __shared__ DcShared sh;
   __shared__ PkShared ps;
   const int row = dc_grid_row(), r = blockIdx.x, tid = threadIdx.x;
@@ -530,7 +544,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass(
       return;
   }
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
-           kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+           kfmt, dc_filt(filt, ftopk, ftopp, fminp, row, K), cand_key, cand_id, blk_bad, tokens,
+           counts, ids, status, ps, sh);
 }
 
 #endif

@@ -139,7 +139,7 @@ DC_FN void pp_rank_emit(int S, int kk, u64* ck, int* ci, PkShared& ps) {
 DC_FN void pp_last(
     int row, int R, int K, int xdt, bool greedy, int logits, double T, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
+    const DcFilt& f, const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
     int* ids, int* status, PkShared& ps) {
   constexpr int NWP = PK_NT / 32;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -164,6 +164,8 @@ DC_FN void pp_last(
   PK_STAMP(5);
   if (tid >= 32) return;
   const u64 bad = warp_min64(bb);
+  const int fst = dc_filt_status(f);
+  if (fst) { fail_sparse(row, K, fst, do_draw ? tokens : 0, counts, ids, status); return; }
   if (bad != NONE_BAD) { fail_sparse(row, K, (int)(bad & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   /* ---- warp 0: the exact keys of the K winners, then the tail ---- */
   const bool act = lane < K;
@@ -173,7 +175,7 @@ DC_FN void pp_last(
     int bad;
     key = rank_key(__uint_as_float(pw_bits16(pp_half((u32)(run >> 32)), xdt)), 0, 0, 0, T, logits, &bad);
   }
-  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, tokens, counts, ids, status,
+  pk_tail(row, K, key, id, logits, greedy, policy, do_draw, kk, f, tokens, counts, ids, status,
           pk_prof);
   PK_STAMP(6);
 }
@@ -185,7 +187,8 @@ DC_FN void pp_kernel(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   constexpr int NG = NW / 4;
   __shared__ DcShared sh;
   __shared__ PkShared ps;
@@ -274,12 +277,13 @@ DC_FN void pp_kernel(
   if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof,
                     fast ? K : PK_CAP))
     return;
+  const DcFilt f = dc_filt(filt, ftopk, ftopp, fminp, row, K);
   if (fast)
     pp_last(row, R, K, xdt, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos, kfmt,
-            cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps);
+            f, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps);
   else
     pk2_last(row, R, K, false, !logits, greedy, logits, T, policy, do_draw, kseed, kgen, krnd,
-             kpos, kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+             kpos, kfmt, f, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
 }
 
 /* The entry points (topk_onepass_wide's parameters, written out): tiles of
@@ -289,10 +293,11 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed8k(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   pp_kernel<8>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
                 do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-                tokens, counts, ids, status, nrows);
+                tokens, counts, ids, status, nrows, filt, ftopk, ftopp, fminp);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed16k(
@@ -300,10 +305,11 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed16k(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   pp_kernel<16>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
                 do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-                tokens, counts, ids, status, nrows);
+                tokens, counts, ids, status, nrows, filt, ftopk, ftopp, fminp);
 }
 
 extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed32k(
@@ -311,10 +317,11 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_packed32k(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   pp_kernel<32>(x, xdt, bias, bdt, bias_rows, temp, logits, greedy_ok, V, K, R, chunk, policy,
                 do_draw, kseed, kgen, krnd, kpos, kfmt, cand_key, cand_id, blk_bad, counters,
-                tokens, counts, ids, status, nrows);
+                tokens, counts, ids, status, nrows, filt, ftopk, ftopp, fminp);
 }
 
 #endif

@@ -105,7 +105,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_wide(
     int logits, int greedy_ok, int V, int K, int R, int chunk, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
     u64* cand_key, int* cand_id, u64* blk_bad, u32* counters,
-    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows) {
+    int* tokens, u32* counts, int* ids, int* status, int vec, int nrows,
+    int filt, const i64* ftopk, const u32* ftopp, const u32* fminp) {
   __shared__ DcShared sh;
   __shared__ PkShared ps;
   const int row = dc_grid_row(), r = blockIdx.x, tid = threadIdx.x;
@@ -164,7 +165,8 @@ extern "C" __global__ void __launch_bounds__(PK_NT, 2) topk_onepass_wide(
   }
   if (!pk_tile_done(used, mybad, ck, ci, blk_bad, counters, row, R, r, ps, pk_prof)) return;
   pk2_last(row, R, K, fast, narrow, greedy, logits, T, policy, do_draw, kseed, kgen, krnd, kpos,
-           kfmt, cand_key, cand_id, blk_bad, tokens, counts, ids, status, ps, sh);
+           kfmt, dc_filt(filt, ftopk, ftopp, fminp, row, K), cand_key, cand_id, blk_bad, tokens,
+           counts, ids, status, ps, sh);
 }
 
 #endif

@@ -90,15 +90,9 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
   const int W = K;
   /* filt: the row's top_k (ftopk, or K), top_p and min_p (float32 bits; null: 1 and
    * 0) are checked before the row, in the order of dy_allocate_filtered_row */
-  i64 ftk = K;
-  u32 ftp = 0x3F800000u, fmp = 0u;
-  if (filt) {
-    ftk = dy_filter_top_k(ftopk ? ftopk[row] : (i64)K, (uint32_t)K);
-    if (ftopp) ftp = ftopp[row];
-    if (fminp) fmp = fminp[row];
-    const int pst = ftk < 0 ? DY_ST_TOP_K_INVALID : dy_logits_params_status(1.0, ftk, ftp, fmp);
-    if (pst) { fail_sparse(row, W, pst, do_draw ? tokens : 0, counts, ids, status); return; }
-  }
+  const DcFilt f = dc_filt(filt, ftopk, ftopp, fminp, row, K);
+  const int pst = dc_filt_status(f);
+  if (pst) { fail_sparse(row, W, pst, do_draw ? tokens : 0, counts, ids, status); return; }
   if (b != NONE_BAD) { fail_sparse(row, W, (int)(b & 0xFF), do_draw ? tokens : 0, counts, ids, status); return; }
   u64 mk = 0;
   int argmax;
@@ -160,7 +154,8 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
       scnt[j] = (u32)rank;
     }
     __syncthreads();
-    if (tid == 0) s_keep = (int)dy_filter_prefix((const uint64_t*)srem, (uint32_t)K, ftk, ftp, fmp);
+    if (tid == 0)
+      s_keep = (int)dy_filter_prefix((const uint64_t*)srem, (uint32_t)K, f.topk, f.topp, f.minp);
     __syncthreads();
     keep = s_keep;
   }
