@@ -255,7 +255,7 @@ def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p
     batch_shape, v, _ = _ga._x_layout(xt, "logits" if propose else "x", be)
     if not logits:  # the CPU path's message
         raise ValueError("top_p/min_p/per-row top_k: apply only to logits (logits=True)")
-    per_row = not (type(top_k) is int or isinstance(top_k, np.integer))
+    per_row = top_k is not None and not (type(top_k) is int or isinstance(top_k, np.integer))
     width, tk = _validate.top_k_rows(top_k, v, math.prod(batch_shape), check=check is True)
     tt = type(temperature)
     key = ("filtered", propose, backend, xt.shape, xt.dtype, xt.device,

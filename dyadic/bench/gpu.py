@@ -285,6 +285,7 @@ def cases(inp):
            Case("propose_top32_bf16_top_p", propose(W, top_p=0.9), B * nv * 2, True)]
     out += [Case("propose_dense_bf16" + ("" if pol == "standard" else "_" + pol.replace("-", "_")),
                  propose(None, pol), B * nv * 6, True) for pol in POLICIES]
+    out += [Case("propose_dense_bf16_top_p", propose(None, top_p=0.9), B * nv * 6, True)]
     out += [Case("allocate_dense_f32", allocate(None), B * nv * 8, True),
             Case("allocate_top32_f32", allocate(W), B * nv * 4, True),
             Case("draw_top32", draw, B * W * 8, True)]

@@ -499,10 +499,11 @@ def gen_verify_logits(rng, invalid):
 
 def gen_propose_filtered(rng, invalid):
     """propose / allocate(logits=True) with top_p / min_p / top_k per row (a top-k
-    support of width at most 1024: every backend's filtered route): logits of any float
-    dtype (ties, -inf masks, huge values), per-row temperature (propose: 0 rows), top_k
-    an int or per row, top_p / min_p scalars or per row, bias sometimes.  Invalid: a
-    row's top_k < 1, top_p outside (0, 1], min_p outside [0, 1], NaN / +inf logits."""
+    support of width at most 1024, or a dense support without bias: every backend's
+    filtered routes): logits of any float dtype (ties, -inf masks, huge values), per-row
+    temperature (propose: 0 rows), top_k an int, per row or None, top_p / min_p scalars
+    or per row, bias sometimes.  Invalid: a row's top_k < 1, top_p outside (0, 1], min_p
+    outside [0, 1], NaN / +inf logits."""
     v = _vocab(rng, large_ok=False)
     b = _batch(rng, v)
     propose = bool(rng.random() < 0.6)
@@ -556,6 +557,13 @@ def gen_propose_filtered(rng, invalid):
             label = "min_p"
         else:
             label = _break_floats(rng, x, True)
+    if label != "top_k" and rng.random() < 0.25:  # a dense support, no bias
+        params["top_k"] = None
+        arrays.pop("top_k", None)
+        arrays.pop("bias", None)
+        params.pop("bias_dtype", None)
+        if not any(n in params or n in arrays for n in ("top_p", "min_p")):
+            params["top_p"] = 0.9  # a filtered call
     arrays["x"] = _encode(x, dtype)
     if propose:
         arrays.update(_keys(rng, b))

@@ -42,7 +42,7 @@ def test_cases_run_once_on_the_host_backend(monkeypatch):
     names = [c.name for c in cs]
     assert len(set(names)) == len(names)
     assert {"trivial_kernel", "propose_top32_bf16", "propose_top32_bf16_top_p",
-            "propose_dense_bf16",
+            "propose_dense_bf16", "propose_dense_bf16_top_p",
             "propose_dense_bf16_floor_first", "allocate_dense_f32", "allocate_top32_f32",
             "draw_top32", "verify_k4_dense", "verify_k4_dense_lazy", "verify_k4_dense_checked",
             "verify_k4_top32", "verify_k4_top32_lazy", "verify_k4_top32_checked",

@@ -49,6 +49,13 @@ ROUTES = [
                                                    "dense_mark")),
     ("propose", dict(batch=1, v=V, top_k=None), ("dense_max", "dense_sum", "dense_floor",
                                                  "dense_mark", "draw_rows")),
+    # tests/gpu/test_gpu_filtered_alloc.py: top_p / min_p on a dense support
+    ("propose", dict(batch=6, v=V, top_k=None, filtered=True),
+     ("logits_max", "logits_hist", "logits_resolve", "filter_mask", "dense_max", "dense_sum",
+      "dense_floor", "dense_mark", "draw_rows", "filter_status")),
+    ("allocate", dict(batch=6, v=V, top_k=None, filtered=True, logits=True),
+     ("logits_max", "logits_hist", "logits_resolve", "filter_mask", "dense_max", "dense_sum",
+      "dense_floor", "dense_mark", "filter_status")),
     ("draw", dict(batch=8, v=V), ("draw_rows",)),
     # tests/gpu/test_gpu_verify_one_launch.py
     ("verify", dict(batch=1, v=V, k1=6), ("verify_one_launch",)),

@@ -1,7 +1,8 @@
 """allocate / propose with top_p, min_p or a per-row top_k (docs/semantics.md, "Filtered
 support") on backend "cuda" with torch CUDA tensors == backend "cpu" on the same values
 copied to the host, bit for bit: tokens, counts, ids and (check=False) statuses.
-Float32, float16 and bfloat16 logits; top_k an int or per row (NumPy or a CUDA tensor);
+Float32, float16 and bfloat16 logits; top_k an int, per row (NumPy or a CUDA tensor) or
+None (a dense support, V = 129280 included);
 top_p / min_p as Python scalars, NumPy arrays or CUDA tensors; per-row temperature with
 T = 0 rows; bias; both policies; ties at the cuts, -inf masks, rows with fewer finite
 logits than top_k; bad parameters failing closed with cpu's status (check=False) or
@@ -66,8 +67,10 @@ def _run(primitive, x, keys, backend, kw):
     """(outputs dict, status) of one check=False call with out= status."""
     b, v = x.shape
     tk = kw["top_k"]
-    tk = np.asarray(tk.cpu() if hasattr(tk, "cpu") else tk)
-    width = int(min(max(int(tk.max()), 1), v))
+    width = None
+    if tk is not None:
+        tk = np.asarray(tk.cpu() if hasattr(tk, "cpu") else tk)
+        width = int(min(max(int(tk.max()), 1), v))
     if backend == "cuda":
         import torch
         status = torch.empty(b, dtype=torch.int32, device="cuda")
@@ -80,7 +83,10 @@ def _run(primitive, x, keys, backend, kw):
     else:
         q = dyadic.allocate(x, logits=True, backend=backend, check=False, out=out, **kw)
         res = {}
-    assert q.ids is not None and q.ids.shape[-1] == width
+    if width is None:
+        assert q.ids is None and tuple(q.counts.shape) == (b, v)
+    else:
+        assert q.ids is not None and q.ids.shape[-1] == width
     res.update(counts=q.counts, ids=q.ids, status=out["status"])
     return res
 
@@ -93,6 +99,11 @@ CASES = [
     (100, 0.95, 0.1, [0.7, 0.0, 1.0, 2.0, 0.0, 0.5]),
     ("rows", "rows", "rows", [1.0, 0.8, 0.0, 1.2, 0.6, 1.0]),
     (3, 1.0, 0.0, 1.0),
+    # a dense support (top_k None)
+    (None, 0.9, None, 0.8),
+    (None, 0.5, 0.05, [0.7, 0.0, 1.0, 2.0, 0.0, 0.5]),
+    (None, "rows", "rows", [1.0, 0.8, 0.0, 1.2, 0.6, 1.0]),
+    (None, None, 0.2, 1.3),
 ]
 
 
@@ -108,6 +119,7 @@ def test_filtered_matches_cpu(cuda, dtype, v, case, where, primitive):
     top_k, top_p, min_p, temp = CASES[case]
     if top_k == "rows":
         top_k = rng.integers(1, 70, b)
+    if top_p == "rows":
         top_p = rng.uniform(0.05, 1.0, b).astype(np.float32)
         min_p = rng.uniform(0.0, 0.3, b).astype(np.float32)
     if primitive == "allocate" and np.any(np.asarray(temp) == 0):
@@ -198,6 +210,48 @@ def test_bad_parameters_fail_closed_as_cpu(cuda):
         assert (np.asarray(want["status"])[1:] != 0).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_bad_parameters_fail_closed_as_cpu(cuda, dtype):
+    """A dense support (top_k None): rows with top_p outside (0, 1] or min_p outside
+    [0, 1] (also on T = 0 rows) get cpu's status, zero counts and token -1; every other
+    row exact."""
+    rng = np.random.default_rng(13)
+    b, v = 7, 1000
+    x, xh = _host(_logits(rng, b, v), dtype, cuda)
+    top_p = np.array([0.9, 0.9, 0.0, 1.5, 0.9, np.nan, 0.7], np.float32)
+    min_p = np.array([0.0, 0.0, 0.0, 0.0, 2.0, -0.5, 0.1], np.float32)
+    temp = np.array([1.0, 0.0, 0.8, 0.0, 1.0, 1.0, 0.0])
+    keys = dyadic.Keys(seed=np.arange(b), position=17)
+    host_kw = dict(top_k=None, top_p=top_p, min_p=min_p, temperature=temp)
+    for where in ("host", "device"):
+        dev_kw = dict(host_kw, top_p=_param(cuda, top_p, where),
+                      min_p=_param(cuda, min_p, where), temperature=_param(cuda, temp, where))
+        want = _run("propose", xh, keys, "cpu", host_kw)
+        got = _run("propose", x, keys, "cuda", dev_kw)
+        _same(got, want, list(want))
+        assert (np.asarray(want["status"])[2:6] != 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("primitive", ["propose", "allocate"])
+def test_dense_large_vocabulary_matches_cpu(cuda, dtype, primitive):
+    """A dense support over V = 129280 at B = 5: per-row top_p / min_p / temperature
+    (a T = 0 row for propose), a row of ties and a row of three finite logits."""
+    rng = np.random.default_rng(21 + len(dtype))
+    b, v = 5, 129280
+    x, xh = _host(_logits(rng, b, v), dtype, cuda)
+    top_p = np.array([0.9, 0.5, 0.99, 0.3, 1.0], np.float32)
+    min_p = np.array([0.0, 0.01, 0.0, 0.2, 0.05], np.float32)
+    temp = np.array([0.8, 1.0, 1.3, 0.6, 0.0 if primitive == "propose" else 2.0])
+    keys = dyadic.Keys(seed=rng.integers(0, 2**62, b), position=rng.integers(0, 2**30, b))
+    host_kw = dict(top_k=None, top_p=top_p, min_p=min_p, temperature=temp)
+    dev_kw = dict(host_kw, **{n: _param(cuda, host_kw[n], "device")
+                              for n in ("top_p", "min_p", "temperature")})
+    want = _run(primitive, xh, keys, "cpu", host_kw)
+    got = _run(primitive, x, keys, "cuda", dev_kw)
+    _same(got, want, list(want))
+
+
 def test_check_true_raises_cpu_error(cuda):
     rng = np.random.default_rng(4)
     b, v = 3, 100
@@ -237,12 +291,14 @@ def test_check_true_results_equal_cpu(cuda):
     np.testing.assert_array_equal(qg.ids.cpu().numpy(), qw.ids)
 
 
-def test_graph_replay_with_new_parameters(cuda):
+@pytest.mark.parametrize("k", [16, None])
+def test_graph_replay_with_new_parameters(cuda, k):
     """check=False, device keys, device top_p / min_p / temperature and out=: one captured
-    graph replayed after the parameters and logits are rewritten in place."""
+    graph replayed after the parameters and logits are rewritten in place (a sparse and
+    a dense support)."""
     torch = cuda
     rng = np.random.default_rng(9)
-    b, v, k = 4, 3000, 16
+    b, v = 4, 3000
     x = torch.from_numpy(_logits(rng, b, v)).to("cuda").to(torch.bfloat16)
     tp = torch.full((b,), 0.9, dtype=torch.float32, device="cuda")
     mp = torch.full((b,), 0.01, dtype=torch.float32, device="cuda")
@@ -252,9 +308,10 @@ def test_graph_replay_with_new_parameters(cuda):
                        generation=torch.zeros(b, device="cuda", dtype=torch.int32),
                        round=torch.zeros(b, device="cuda", dtype=torch.int32), position=pos)
     out = {"tokens": torch.empty(b, dtype=torch.int32, device="cuda"),
-           "counts": torch.empty(b, k, dtype=torch.uint32, device="cuda"),
-           "ids": torch.empty(b, k, dtype=torch.int32, device="cuda"),
+           "counts": torch.empty(b, k or v, dtype=torch.uint32, device="cuda"),
+           "ids": torch.empty(b, k, dtype=torch.int32, device="cuda") if k else None,
            "status": torch.empty(b, dtype=torch.int32, device="cuda")}
+    out = {n: t for n, t in out.items() if t is not None}
 
     def step():
         dyadic.propose(x, keys, top_k=k, top_p=tp, min_p=mp, temperature=temp,
@@ -273,8 +330,7 @@ def test_graph_replay_with_new_parameters(cuda):
         want = _run("propose", x.float().cpu().numpy(), host, "cpu",
                     dict(top_k=k, top_p=tp.cpu().numpy(), min_p=mp.cpu().numpy(),
                          temperature=0.8))
-        _same({"tokens": got["tokens"], "counts": got["counts"], "ids": got["ids"],
-               "status": got["status"]}, want, list(want))
+        _same(dict(got, ids=got.get("ids")), want, list(want))
 
 
 def test_width_above_the_filter_limit_refused(cuda):

@@ -2,9 +2,8 @@
 with BackendUnavailable, never a silent fallback.  verify(logits=True) on GPU tensors
 runs on backends "cuda" (tests/gpu/test_gpu_verify_logits.py) and "numba"
 (tests/gpu/test_numba_device_logits.py); allocate / propose with top_p, min_p or a
-per-row top_k on GPU tensors run on "cuda" with a top-k support
-(tests/gpu/test_gpu_filtered_alloc.py) and on "numba", and are refused on "cuda" without
-top_k (a dense support).  Runs where a GPU is present; skips
+per-row top_k on GPU tensors run on "cuda" (tests/gpu/test_gpu_filtered_alloc.py) and on "numba", and are refused on "cuda" with a
+bias and without top_k (a dense support).  Runs where a GPU is present; skips
 otherwise."""
 
 import numpy as np
@@ -58,11 +57,12 @@ def test_cuda_backend_host_arrays():
                                       np.asarray(getattr(want, name)))
 
 
-def test_cuda_dense_filtered_on_device_tensors(torch_cuda):
+def test_cuda_dense_filtered_with_bias_on_device_tensors(torch_cuda):
     _backend("cuda")
     target, _, keys = _inputs()
     x = torch_cuda.as_tensor(target[:, 0], device="cuda").contiguous()
-    with pytest.raises(BackendUnavailable, match="without top_k"):
-        dyadic.allocate(x, logits=True, min_p=0.1, backend="cuda")
-    with pytest.raises(BackendUnavailable, match="without top_k"):
-        dyadic.propose(x, keys, top_k=None, top_p=0.9, backend="cuda")
+    bias = torch_cuda.zeros(x.shape[-1], device="cuda")
+    with pytest.raises(BackendUnavailable, match="with bias and without top_k"):
+        dyadic.allocate(x, logits=True, min_p=0.1, bias=bias, backend="cuda")
+    with pytest.raises(BackendUnavailable, match="with bias and without top_k"):
+        dyadic.propose(x, keys, top_k=None, top_p=0.9, bias=bias, backend="cuda")

@@ -150,11 +150,6 @@ class CupyBackend(Backend):
     # --------------------------------------------------------------- runners
     # dyadic._device's call plans: torch tensors in, the launch plan found once.
     def alloc_runner(self, batch, v, x_dtype, top_k, policy, logits, propose, filtered=False):
-        if filtered and not top_k:
-            raise BackendUnavailable(
-                "top_p / min_p without top_k (a dense support): backend 'cuda' has no kernels "
-                "for it on GPU arrays; give top_k, use backend 'numba', or pass host arrays "
-                "to backend 'cpu', 'reference' or 'numba'")
         if filtered and top_k > routes.FILTER_MAX_K:
             raise BackendUnavailable(
                 f"top_k: backend 'cuda' applies top_p / min_p / a per-row top_k to sparse "
@@ -175,6 +170,11 @@ class CupyBackend(Backend):
 
         if filtered:
             def run(x, bias, temp, keys, tokens, counts, ids, status, ftopk, ftopp, fminp):
+                if bias is not None and not top_k:
+                    raise BackendUnavailable(
+                        "top_p / min_p with bias and without top_k (a dense support): backend "
+                        "'cuda' has no kernels for it on GPU arrays; give top_k, use backend "
+                        "'numba', or pass host arrays to backend 'cpu', 'reference' or 'numba'")
                 go = launch if bias is None else biased(bias)
                 if propose:
                     call = A.Call()  # holds what the key fields needed moved, for the launch
@@ -183,9 +183,9 @@ class CupyBackend(Backend):
                 else:
                     kptrs, kfmt, tok = no_keys, 0, 0
                 go(x.data_ptr(), 0 if bias is None else bias.data_ptr(), temp.data_ptr(),
-                   kptrs, kfmt, tok, counts.data_ptr(), ids.data_ptr(), status.data_ptr(),
-                   0 if ftopk is None else ftopk.data_ptr(), ftopp.data_ptr(),
-                   fminp.data_ptr())
+                   kptrs, kfmt, tok, counts.data_ptr(), 0 if ids is None else ids.data_ptr(),
+                   status.data_ptr(), 0 if ftopk is None else ftopk.data_ptr(),
+                   ftopp.data_ptr(), fminp.data_ptr())
         elif propose:
             def run(x, bias, temp, keys, tokens, counts, ids, status):
                 go = launch if bias is None else biased(bias)

@@ -197,19 +197,90 @@ class Dense:
                                  _VAR("tokens")), _ALLOC_PARAMS)
         self.gos = tuple(step.go for step in self.steps + ((self.draw,) if do_draw else ()))
 
-    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status):
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, stream=None):
         v = self.v
         vec = not self.x16 and v % 4 == 0 and x % 16 == 0  # 16-byte loads of float32 x
         cvec = v % 4 == 0 and counts % 16 == 0  # 16-byte stores of the counts
-        stream = launch.current_stream()  # read once for the launches
+        if stream is None:
+            stream = launch.current_stream()  # read once for the launches
         for go in self.gos:
             go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec, 0, 0, 0, stream)
+
+
+def _logits_rows_bufs(rows, nt, x_code):
+    """The scratch of logits_max / logits_hist / logits_resolve over ``rows`` rows of
+    ``nt`` tiles (shared by name with every plan that runs them): part_key, part_id,
+    part_bad, rec, cnt, hcnt, hmass, cand_key, cand_id, cand_n, vtab."""
+    nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
+    # the rows' value tables (LG_TABW = 9216 words a row), bfloat16 logits only
+    vtab = 8 * 9216 * rows if int(x_code) == 2 else 8
+    return (runtime.scratch("lg_part_key", 8 * rows * nt),
+            runtime.scratch("lg_part_id", 4 * rows * nt),
+            runtime.scratch("lg_part_bad", 4 * rows * nt),
+            runtime.scratch("lg_rec", 8 * 16 * rows), runtime.scratch("lg_cnt", 4 * rows),
+            runtime.scratch("lg_hcnt", 4 * rows * nb), runtime.scratch("lg_hmass", 8 * rows * nb),
+            runtime.scratch("lg_cand_key", 8 * rows * cap),
+            runtime.scratch("lg_cand_id", 4 * rows * cap), runtime.scratch("lg_cand_n", 4 * rows),
+            runtime.scratch("lg_vtab", vtab))
+
+
+def _logits_rows_steps(head, grid, tile, nt, bufs, names, resolves):
+    """The launches of logits_max, logits_hist and ``resolves`` x logits_resolve over the
+    rows of ``grid`` (``head``: the kernels' leading words; ``bufs``: _logits_rows_bufs,
+    then the plan's other buffers, all kept alive by the first launch)."""
+    pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, tab = _ptrs(bufs[:11])
+    tail = (I32[nt], np.int32(tile))
+    resolve = _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
+        rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names)
+    return (_Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
+                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),
+            _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
+                rec, cnt, hcnt, hmass, tab), names)) + (resolve,) * resolves
+
+
+class DenseFiltered:
+    """allocate / propose with top_p / min_p on a dense support (logits_filter.cuh):
+    logits_max, logits_hist and logits_resolve over the B rows as requests of depth 0
+    (top_k 0 on every row: a zero scratch buffer, never written), filter_mask into a
+    scratch copy of x with every token off the kept set at -inf, the Dense plan's
+    launches over that copy, filter_status."""
+
+    def __init__(self, batch, v, x_code, greedy_ok, policy, do_draw):
+        tile, _ = routes.logits_tiles(v, batch, 1, runtime.num_sms())
+        nt = -(-v // tile)
+        xm = runtime.scratch("lf_xm", (4 if int(x_code) == 0 else 2) * batch * v)
+        topk0 = runtime.scratch("lf_topk0", 8 * batch)
+        bufs = _logits_rows_bufs(batch, nt, x_code) + (xm, topk0)
+        self.xm = int(xm.data.ptr)
+        params = (_VAR("temp"), int(topk0.data.ptr), _VAR("ftopp"), _VAR("fminp"))
+        head = (_VAR("x"), I32[int(x_code)], *params, NULL, NULL, I32[batch], I32[0], I32[v])
+        grid = routes.rgrid(nt, batch)
+        rec, tab = _ptrs(bufs[3:4] + bufs[10:11])
+        self.steps = _logits_rows_steps(head, grid, tile, nt, bufs, _ALLOC_PARAMS, 1) + (
+            _Launch(runtime.kernel("filter_mask"), grid, (256,), (
+                _VAR("x"), I32[int(x_code)], *params, I32[batch], I32[v], np.int32(tile), rec,
+                tab, self.xm), _ALLOC_PARAMS),)
+        self.fix = _Launch(runtime.kernel("filter_status"), (-(-batch // 256),), (256,),
+                           (_VAR("ftopp"), _VAR("fminp"), I32[batch], _VAR("status")),
+                           _ALLOC_PARAMS)
+        self.dense = Dense(batch, v, x_code, 0, 0, True, greedy_ok, policy, do_draw)
+
+    def launch(self, x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, ftopk=0,
+               ftopp=0, fminp=0):
+        stream = launch.current_stream()  # read once for the launches
+        for step in self.steps:
+            step.go(x, 0, temp, kptrs, kfmt, tokens, counts, ids, status, 0, 0, ftopk, ftopp,
+                    fminp, stream)
+        self.dense.launch(self.xm, 0, temp, kptrs, kfmt, tokens, counts, ids, status, stream)
+        self.fix.go(x, 0, temp, kptrs, kfmt, tokens, counts, ids, status, 0, 0, ftopk, ftopp,
+                    fminp, stream)
 
 
 def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greedy_ok, policy,
                do_draw, filtered=False):
     """The plan of an allocate (do_draw 0, greedy_ok 0) or propose (1, 1); ``filtered``:
-    with top_p / min_p / per-row top_k (logits, top_k given: a sparse route)."""
+    with top_p / min_p / per-row top_k (logits; a dense support without bias:
+    DenseFiltered, else the sparse route's plan applies them)."""
     key = ("alloc", dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, policy,
            do_draw, filtered)
     plan = PLANS.get(key)
@@ -217,7 +288,9 @@ def alloc_plan(dev, batch, v, top_k, x_code, bias_code, bias_rows, logits, greed
         has_bias = bool(bias_code or bias_rows)
         route = routes.alloc_route(top_k, batch, v, has_bias and logits,
                                    not has_bias and logits and x_code != 0)
-        if route == "dense":
+        if route == "dense" and filtered:
+            make, args = DenseFiltered, (batch, v, x_code, greedy_ok, policy, do_draw)
+        elif route == "dense":
             make, args = Dense, (batch, v, x_code, bias_code, bias_rows, logits, greedy_ok,
                                  policy, do_draw)
         elif route == "select":
@@ -368,35 +441,17 @@ class LogitsVerify:
         rows, k = batch * k1, k1 - 1
         tile, rt = routes.logits_tiles(v, batch, k1, nsm)
         nt, nrt = -(-v // tile), -(-v // rt)
-        nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
-        # the rows' value tables (LG_TABW = 9216 words a row), bfloat16 logits only
-        vtab = 8 * 9216 * rows if int(x_code) == 2 else 8
-        bufs = (runtime.scratch("lg_part_key", 8 * rows * nt),
-                runtime.scratch("lg_part_id", 4 * rows * nt),
-                runtime.scratch("lg_part_bad", 4 * rows * nt),
-                runtime.scratch("lg_rec", 8 * 16 * rows), runtime.scratch("lg_cnt", 4 * rows),
-                runtime.scratch("lg_hcnt", 4 * rows * nb), runtime.scratch("lg_hmass", 8 * rows * nb),
-                runtime.scratch("lg_cand_key", 8 * rows * cap),
-                runtime.scratch("lg_cand_id", 4 * rows * cap), runtime.scratch("lg_cand_n", 4 * rows),
-                runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
-                runtime.scratch("lg_rcnt", 4 * batch), runtime.scratch("lg_vtab", vtab))
-        (pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, res_row, rpart,
-         rcnt, tab) = _ptrs(bufs)
+        bufs = _logits_rows_bufs(rows, nt, x_code) + (
+            runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
+            runtime.scratch("lg_rcnt", 4 * batch))
+        rec, tab, res_row, rpart, rcnt = _ptrs(bufs[3:4] + bufs[10:])
         head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
                                                                  "g", "nd")),
                 I32[batch], I32[k], I32[v])
         grid = routes.rgrid(nt, rows)
-        tail = (I32[nt], np.int32(tile))
         q_in = (_VAR("d"), _VAR("qc"), _VAR("qi"), I32[w], *_KEYVARS, _KFMT)
         names = self.PARAMS
-        resolve = _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
-            rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names)
-        self.steps = (
-            _Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
-                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),
-            _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, tab), names),
-            *((resolve, resolve) if top_k else (resolve,)),
+        self.steps = _logits_rows_steps(head, grid, tile, nt, bufs, names, 2 if top_k else 1) + (
             _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
                 rec, tab, res_row, *_VOUT), names),
             _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (

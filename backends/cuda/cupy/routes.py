@@ -15,7 +15,9 @@ Routes (kernel names of backends/cuda/kernels/):
   kernel's place.  top_k > ONEPASS_MAX_K: ``topk_select``.  With top_p / min_p / a
   per-row top_k the same kernels (their last block applies the filters).
 - dense allocate / propose: ``dense_max``, ``dense_sum``, ``dense_floor``,
-  ``dense_mark`` (then ``draw_rows`` for propose).
+  ``dense_mark`` (then ``draw_rows`` for propose).  With top_p / min_p (no bias):
+  ``logits_max``, ``logits_hist``, ``logits_resolve``, ``filter_mask``, the dense
+  kernels over the masked copy, ``filter_status``.
 - draw: ``draw_rows``.
 - verify (check=False / True) without greedy requests: ``verify_one_launch`` where
   its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
@@ -236,8 +238,9 @@ def logits_tiles(v, batch, k1, nsm):
 def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
-    (16-bit logits), bias, aligned (a 16-byte aligned x pointer) for allocate / propose
-    (top_p / min_p / a per-row top_k change nothing); k1, greedy, lazy, ragged
+    (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
+    min_p / a per-row top_k: only a dense support's kernels differ) for allocate /
+    propose; k1, greedy, lazy, ragged
     (num_drafts given), logits (a logits target) and top_k (with logits: a top_k given,
     default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
@@ -250,7 +253,11 @@ def kernel_names(primitive, **shape):
                             not bias and logits and x16)
         if route == "dense":
             names = ("dense_max", "dense_sum", "dense_floor", "dense_mark")
-            return names + (("draw_rows",) if primitive == "propose" else ())
+            names += ("draw_rows",) if primitive == "propose" else ()
+            if shape.get("filtered", False):
+                names = ("logits_max", "logits_hist", "logits_resolve", "filter_mask") + names + (
+                    "filter_status",)
+            return names
         if route == "select":
             return ("topk_select",)
         if (route == "wide" and packed_taken(x16, bias, logits) and shape.get("aligned", True)

@@ -12,6 +12,7 @@
 #include "verify_lazy.cuh"
 #include "verify_one_launch.cuh"
 #include "verify_logits.cuh"
+#include "logits_filter.cuh"
 #include "topk_onepass.cuh"
 #include "topk_onepass_wide.cuh"
 #include "topk_onepass_packed.cuh"
