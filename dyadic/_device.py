@@ -235,12 +235,43 @@ def propose(logits, keys, *, temperature, bias, top_k, policy, backend, check=Tr
 def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p, policy,
              backend, check=True, out=None):
     """allocate / propose with top_p, min_p or a per-row top_k (docs/semantics.md,
-    "Filtered support") on device arrays, backends with ``device_logits_filters`` (cuda:
-    a sparse support, ``top_k`` given; numba: dense too).  top_p / min_p: Python scalars,
-    host arrays or CUDA tensors [B] (these stay on the device: the kernels check every
-    value, as verify's parameters); a per-row top_k is read on the host (its largest
-    entry is the output width), so with one the call copies it to the device (a CUDA
-    tensor top_k: from it)."""
+    "Filtered support") on device arrays, backends with ``device_logits_filters`` (cuda,
+    numba: sparse and dense supports).  top_p / min_p: Python scalars, host arrays or
+    CUDA tensors [B] (these stay on the device: the kernels check every value, as
+    verify's parameters); a per-row top_k is read on the host (its largest entry is the
+    output width), so with one the call copies it to the device (a CUDA tensor top_k:
+    from it).  With an int or no top_k the configuration is looked up first (the eager
+    hot path of the other entry points); its checks ran when its plan was made."""
+    if type(x) is (_ga._TORCH or _ga._torch()).Tensor:
+        xt, kind = x, "torch"
+    else:
+        xt, kind = _ga._as_torch(x)
+    tt, kt = type(temperature), type(top_k)
+    fixed_k = kt is int or top_k is None
+    key = ("filtered", propose, logits, backend, xt.shape, xt.dtype, xt.device,
+           temperature if tt is float or tt is int else _ARRAY, bias is None,
+           top_k if fixed_k else _ARRAY, policy, check, kind)
+    try:
+        plan = _CALLS.get(key) if fixed_k else None
+    except TypeError:  # an unhashable argument: refused by the checks below
+        plan = None
+    ftk = None
+    if plan is None:
+        plan, ftk = _filtered_plan(xt, kind, propose, logits, temperature, bias, top_k,
+                                   policy, backend, check)
+        if fixed_k and ftk is None and not _ga._TORCH.cuda.is_current_stream_capturing():
+            try:
+                _CALLS[key] = plan
+            except TypeError:
+                pass
+    tp, mp = _ga._filter_params(top_p, min_p, plan.batch, plan.dev, check is True)
+    return plan(xt, temperature, bias, keys if propose else None, out, (ftk, tp, mp))
+
+
+def _filtered_plan(xt, kind, propose, logits, temperature, bias, top_k, policy, backend,
+                   check):
+    """The checks of a filtered call and its plan: (plan, per-row top_k as a device
+    tensor or None)."""
     be = _backend.get(backend)
     if not be.device_logits_filters:
         raise _backend.BackendUnavailable(
@@ -248,10 +279,6 @@ def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p
             f"have no kernels for GPU arrays; use backend 'cuda' or 'numba', or host arrays with "
             f"backend 'cpu', 'reference' or 'numba'")
     _validate.policy(policy)
-    if type(x) is (_ga._TORCH or _ga._torch()).Tensor:
-        xt, kind = x, "torch"
-    else:
-        xt, kind = _ga._as_torch(x)
     batch_shape, v, _ = _ga._x_layout(xt, "logits" if propose else "x", be)
     if not logits:  # the CPU path's message
         raise ValueError("top_p/min_p/per-row top_k: apply only to logits (logits=True)")
@@ -261,15 +288,9 @@ def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p
     key = ("filtered", propose, backend, xt.shape, xt.dtype, xt.device,
            temperature if tt is float or tt is int else _ARRAY, bias is None, width, policy,
            check, kind)
-    try:
-        plan = _CALLS[key]
-    except (KeyError, TypeError):
-        plan = _plan(key, _AllocPlan, xt, True, temperature, bias, width or None, policy,
-                     backend, check, kind, propose, True)
-    _, _, tp, mp = _ga._logits_params(1.0, None, top_p, min_p, plan.batch, plan.dev,
-                                      check is True)
-    ftk = _ga._host_tensor(tk, plan.dev) if per_row else None
-    return plan(xt, temperature, bias, keys if propose else None, out, (ftk, tp, mp))
+    plan = _plan(key, _AllocPlan, xt, True, temperature, bias, width or None, policy,
+                 backend, check, kind, propose, True)
+    return plan, (_ga._host_tensor(tk, plan.dev) if per_row else None)
 
 
 class _DrawPlan(_CallPlan):

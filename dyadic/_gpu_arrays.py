@@ -350,6 +350,24 @@ def _param_fill(value, idx, batch, device, dtype):
     return t
 
 
+def _filter_params(top_p, min_p, batch, device, check):
+    """(top_p, min_p) of a filtered allocate / propose as float32 device tensors [B]:
+    ``_logits_params``' third and fourth, with its rules.  With ``check`` False a float32
+    CUDA tensor of shape (B,), contiguous and on ``device`` is taken as it is (what
+    ``_logits_params`` would return for it), None beside it as its cached fill."""
+    torch = _TORCH or _torch()
+    if not check:
+        ready = [v is None or (type(v) is torch.Tensor and v.dtype is torch.float32
+                               and v.shape == (batch,) and v.device == device
+                               and v.is_contiguous()) for v in (top_p, min_p)]
+        if ready[0] and ready[1] and (top_p is not None or min_p is not None):
+            return (top_p if top_p is not None else
+                    _param_fill(None, 2, batch, device, torch.float32),
+                    min_p if min_p is not None else
+                    _param_fill(None, 3, batch, device, torch.float32))
+    return _logits_params(1.0, None, top_p, min_p, batch, device, check)[2:]
+
+
 def _logits_params(temperature, top_k, top_p, min_p, batch, device, check):
     """verify(logits=True)'s parameters as four contiguous device tensors [B]:
     temperature float64, top_k int64, top_p and min_p float32 (the kernels read the
