@@ -1,4 +1,5 @@
-"""GPU: CUDA-graph replay device time of backend="cuda" propose top-32 bf16 and verify k=5
+"""GPU: CUDA-graph replay device time of backend="cuda" propose top-32 bf16 (also with
+top_p 0.9 per row, and a dense support with top_p 0.9) and verify k=5
 dense (check="lazy" and check=False), and lazy verify with cold inputs (rotated past the L2
 cache: "close" p and q, dense and top-32 q, ragged draft counts), V = 129280; the same cold
 verify from target logits (bf16, logits=True, device temperature 0.8 and top_p 0.9), with
@@ -15,7 +16,8 @@ import statistics
 
 from .common import BACKENDS, QUICK, require_backend
 
-CASES = ["propose_top32_bf16", "propose_top32_bf16_top_p", "verify_k5_dense_lazy", "verify_k5_dense",
+CASES = ["propose_top32_bf16", "propose_top32_bf16_top_p", "propose_dense_bf16_top_p",
+         "verify_k5_dense_lazy", "verify_k5_dense",
          "verify_k5_dense_lazy_close_cold", "verify_k5_top32_lazy_close_cold",
          "verify_k5_dense_lazy_close_cold_ragged", "verify_k5_logits_dense_close_cold",
          "verify_k5_logits_dense_lazy_close_cold", "verify_k5_logits_top32_lazy_close_cold",
