@@ -259,7 +259,7 @@ def filtered(x, keys, *, propose, logits, temperature, bias, top_k, top_p, min_p
     if plan is None:
         plan, ftk = _filtered_plan(xt, kind, propose, logits, temperature, bias, top_k,
                                    policy, backend, check)
-        if fixed_k and ftk is None and not _ga._TORCH.cuda.is_current_stream_capturing():
+        if fixed_k and not _ga._TORCH.cuda.is_current_stream_capturing():
             try:
                 _CALLS[key] = plan
             except TypeError:

@@ -139,8 +139,8 @@ DC_FN void pp_rank_emit(int S, int kk, u64* ck, int* ci, PkShared& ps) {
 DC_FN void pp_last(
     int row, int R, int K, int xdt, bool greedy, int logits, double T, int policy, int do_draw,
     const void* kseed, const void* kgen, const void* krnd, const void* kpos, int kfmt,
-    const DcFilt& f, const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens, u32* counts,
-    int* ids, int* status, PkShared& ps) {
+    const DcFilt& f, const u64* cand_key, const int* cand_id, const u64* blk_bad, int* tokens,
+    u32* counts, int* ids, int* status, PkShared& ps) {
   constexpr int NWP = PK_NT / 32;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   int pk_prof = row == 0 ? 16 : -1;
