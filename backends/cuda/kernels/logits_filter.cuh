@@ -27,10 +27,10 @@
 #ifndef DYADIC_KERNELS_LOGITS_FILTER_CUH
 #define DYADIC_KERNELS_LOGITS_FILTER_CUH
 
-/* The status of a row's top_p / min_p (dense support: no top_k), as
+/* The status of a row's top_p / min_p (dense support: top_k 0), as
  * dy_allocate_filtered_row checks them before the row; 0 when valid. */
 DC_FN int lf_params_status(const u32* topp, const u32* minp, int b) {
-  return dy_logits_params_status(1.0, 0, topp[b], minp[b]);
+  return dc_filt_status(dc_filt(1, 0, topp, minp, b, 0));
 }
 
 extern "C" __global__ void __launch_bounds__(256) filter_mask(
@@ -65,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(256) filter_mask(
   const LgCut c = lg_cut_of(rc);
   /* a cut row: only tokens at or above low can be kept (lg_low_key); otherwise the
    * exponential's table and the row's P column in shared memory */
-  const u32 low = lg_low_key(row, c);
+  const u32 low = lg_low_key(row, c, V);
   const bool pcol = low == 0;
   const LgTab tab = pcol ? lg_load_table(stab) : LG_GTAB;
   if (pcol) lg_load_pcol(row, c, spc);

@@ -144,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
   /* filt: the kept prefix of the support's ranking (key desc, id asc; the support is
    * in id order): each entry's rank, the weights in rank order, dy_filter_prefix */
   int keep = K;
-  if (filt) {
+  if (f.on) {
     __shared__ int s_keep;
     for (int j = tid; j < K; j += nt) {
       const u64 kj = skey[j];
@@ -161,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(256) topk_select(
   }
   u64 S = 0;
   for (int j = tid; j < K; j += nt) {
-    const u64 w = !filt || (int)scnt[j] < keep ? weight_of_key(skey[j], mk, logits) : 0;
+    const u64 w = !f.on || (int)scnt[j] < keep ? weight_of_key(skey[j], mk, logits) : 0;
     srem[j] = w; S += w;
   }
   S = block_reduce64(S, 0, sh);

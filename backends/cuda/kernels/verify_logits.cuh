@@ -887,12 +887,12 @@ struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bo
 /* A dc_fkey below which no token of the row has P > 0: the key of the value of the
  * tighter cut's token (the larger cut key), provided the next float32 below that value
  * already ranks below the cut (z = x / T could round distinct values together; then, and
- * without a cut, 0: no bound). */
-DC_FN u32 lg_low_key(const LgRow& r, const LgCut& c) {
+ * without a cut or with a cut id outside [0, V), 0: no bound, every token's P computed). */
+DC_FN u32 lg_low_key(const LgRow& r, const LgCut& c, int V) {
   const bool p = c.pkey >= c.kkey;
   const u64 ck = p ? c.pkey : c.kkey;
   const i64 id = p ? c.pid : c.kid;
-  if (!ck || id < 0) return 0;
+  if (!ck || id < 0 || id >= V) return 0;
   const u32 key = dc_fkey(lg_bits(r, (int)id));
   return key && dy_order_key(lg_z_of(r, dc_fkey_bits(key - 1))) < ck ? key : 0;
 }
@@ -931,7 +931,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   /* a cut row: only tokens at or above r.low can have P > 0, and they are few (their
    * weights from global memory); otherwise the exponential's table and the row's P
    * column in shared memory */
-  r.low = lg_low_key(r.row, r.c);
+  r.low = lg_low_key(r.row, r.c, V);
   const bool pcol = r.low == 0;
   r.tab = pcol ? lg_load_table(stab) : LG_GTAB;
   r.bonus = i == k || i == q.n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
