@@ -18,11 +18,14 @@
 #           tests/distributed/test_dense_xp.py), then the bench with CUDA
 #           shards, device kernels and host kernels (SHARD_T per part)
 #   bench   python -m dyadic.bench gpu (graph replay and eager host time) into $OUT; CASES
-#           (comma-separated substrings, or =NAME for one case) picks cases
+#           (comma-separated substrings, or =NAME for one case) picks cases; KERNELS=N adds
+#           each kernel's device time over N eager invocations (torch.profiler)
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
 #           dyadic/bench/gpu.py per side (each pinned to CPU core $AB_CPU where set), then
 #           python -m dyadic.bench compare
+# (The ab stage takes KERNELS too; the first run of each side compiles its kernels, which
+# with the cold logits cases needs an AB_T well above 70 s.)
 # Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run) so one
 # call fits a device lease; split the stages over calls where they do not.
 set -o pipefail
@@ -107,7 +110,8 @@ PY
   fi
   if has bench; then stamp "dyadic.bench gpu"
   timeout ${BENCH_T:-180} python3 -m dyadic.bench gpu --batch ${BATCH:-1,4,16,64} \
-      --reps ${REPS:-200} --out "$OUT" --label ${LABEL:-tree} --cases "${CASES:-}" 2>&1 | tail -${TAIL:-60}
+      --reps ${REPS:-200} --out "$OUT" --label ${LABEL:-tree} --cases "${CASES:-}" \
+      --kernels ${KERNELS:-0} 2>&1 | tail -${TAIL:-60}
   echo "bench exit: $?"
   fi
   if has ab; then stamp "A/B: ${AB_OLD:?AB_OLD: the old source tree} vs this tree"
@@ -120,7 +124,7 @@ PY
       stamp "A/B run $side$i"
       PYTHONPATH=/tmp/ab/$side timeout ${AB_T:-150} ${AB_CPU:+taskset -c $AB_CPU} python3 dyadic/bench/gpu.py \
           --label $side$i --out "$OUT/ab" --reps ${AB_REPS:-100} --batch ${BATCH:-1,4,16,64} \
-          --cases "${CASES:-}" \
+          --cases "${CASES:-}" --kernels ${KERNELS:-0} \
           2>&1 | tail -3
       echo "A/B $side$i exit: $?"
       files="$files $OUT/ab/gpu-$side$i.json"

@@ -8,7 +8,8 @@ that side's runs of the numeric values (a run where the cell is missing or holds
 error or "not held", does not count; "k/n" says how many of the n runs counted).  Printed: a
 Markdown table per timed metric (B, case, old, new, new/old, pairs), "SLOWER" where new/old
 exceeds 1 + tolerance, and the line "N cells slower than tolerance (M slower in every pair
-of runs)".  "pairs" is k/n: of the n alternated pairs (old run i, new run i) where both
+of runs)"; rows of ``gpu.py --kernels`` add a table per kernel ("kernel_us NAME").
+"pairs" is k/n: of the n alternated pairs (old run i, new run i) where both
 have the cell, k have new above old times 1 + tolerance.  A cell slower by its medians but
 not in every pair is within the spread between runs (host timings on a shared machine
 move by more than 5% from run to run).  The exit status is 0 whatever the timings; it is
@@ -37,6 +38,7 @@ import sys
 
 KEYS = ("label", "B", "case")  # a row's identity, not a metric
 UNTIMED = ("floor_us",)  # computed from the sizes: the same on both sides
+COUNTS = "launches "  # prefix of per-kernel launch counts (gpu.py --kernels): not timed
 
 
 def load(path):
@@ -68,7 +70,7 @@ def compare(old_runs, new_runs, tolerance=0.05):
         for cell, values in run.items():
             cells.setdefault(cell, None)
             for m in values:
-                if m not in UNTIMED:
+                if m not in UNTIMED and not m.startswith(COUNTS):
                     metrics.setdefault(m, None)
     out = []
     for m in metrics:

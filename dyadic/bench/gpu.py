@@ -1,7 +1,7 @@
 """GPU timings of backend="cuda" calls and of the plain-PyTorch pipelines.
 
     python -m dyadic.bench gpu [--batch 1,4,16,64] [--vocab 129280] [--k 5] [--reps 200]
-                               [--out DIR] [--label NAME] [--cases SUBSTR,...]
+                               [--out DIR] [--label NAME] [--cases SUBSTR,...] [--kernels N]
     python path/to/dyadic/bench/gpu.py ...     (the same, run as a script)
 
 For each batch size B and each case (a zero-argument call on inputs made beforehand,
@@ -19,7 +19,11 @@ outputs preallocated with ``out=``), two metrics, in microseconds:
   its host time includes their device time.
 
 and ``floor_us``: the bytes the call must read or write at least once / 4.2e12 B/s (the
-H200's copy bandwidth), where that bound applies (None elsewhere).
+H200's copy bandwidth), where that bound applies (None elsewhere).  With ``--kernels N``,
+also per kernel: ``kernel_us NAME``, the device time of that kernel per call (the median
+duration of its launches times its launches per call) over N eager invocations under
+``torch.profiler`` (CUDA activity, after one unprofiled invocation), and ``launches NAME``,
+its launches per call; ``python -m dyadic.bench compare`` then compares each kernel too.
 
 Cases (``cases``; all dyadic calls backend="cuda", check=False unless named otherwise):
 trivial_kernel (a one-element add: the cost of a launch alone); propose_top32_bf16 (T=0.7;
@@ -44,7 +48,7 @@ p32 = softmax(3 z) for allocate and draw; seeds 0..B-1, other key fields 0; each
 from its own seeded generator.
 
 Writes ``DIR/gpu-NAME.json``: a list of rows ``{"label", "B", "case", "graph_dev_us",
-"eager_host_us", "floor_us"}`` (a value is a number, None, or a text: "error: ...",
+"eager_host_us", "floor_us"}`` (and the per-kernel keys with ``--kernels``) (a value is a number, None, or a text: "error: ...",
 "n/a: ...", "... (not held)"), and prints a Markdown table.  A case that fails records its
 error and the run goes on.  ``python -m dyadic.bench compare`` reads these files.
 
@@ -345,17 +349,50 @@ def eager_host_us(fn, reps, warmup=20):
     return round(statistics.median(ts) * 1e6, 2)
 
 
+def kernel_metrics(events, calls):
+    """``{"kernel_us NAME": us per call, "launches NAME": launches per call}`` of the CUDA
+    events of a profile (objects with ``device_type``, ``name`` and ``device_time`` in us,
+    as ``torch.profiler``'s) covering ``calls`` dyadic calls: per kernel, the median
+    duration of its launches times its launches per call."""
+    times = collections.defaultdict(list)
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.name].append(e.device_time)
+    out = {}
+    for name, ts in sorted(times.items()):
+        per_call = len(ts) / calls
+        out[f"kernel_us {name}"] = round(statistics.median(ts) * per_call, 2)
+        out[f"launches {name}"] = round(per_call, 3)
+    return out
+
+
+def kernel_us(fn, reps):
+    """kernel_metrics of ``reps`` eager invocations of ``fn`` (``fn.calls`` dyadic calls
+    each), after one that is not profiled."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return kernel_metrics(prof.events(), reps * getattr(fn, "calls", 1))
+
+
 def _error(e):
     return f"error: {type(e).__name__}: {e}"[:200]
 
 
-def measure(case, B, reps, label):
-    """One row: the case's metrics, an error text in place of a value that failed."""
+def measure(case, B, reps, label, kernel_reps=0):
+    """One row: the case's metrics (and, with ``kernel_reps``, its kernel_us over that
+    many invocations), an error text in place of a value that failed."""
     row = {"label": label, "B": B, "case": case.name}
     try:
         fn = case.make()
     except Exception as e:  # noqa: BLE001 - recorded; the other cases still run
         row["graph_dev_us"] = row["eager_host_us"] = _error(e)
+        if kernel_reps:
+            row["kernel_us"] = _error(e)
     else:
         for metric, timer, ok in (("eager_host_us", eager_host_us, case.eager),
                                   ("graph_dev_us", graph_dev_us, case.graph)):
@@ -367,6 +404,11 @@ def measure(case, B, reps, label):
                 row[metric] = timer(fn, reps)
             except Exception as e:  # noqa: BLE001
                 row[metric] = _error(e)
+        if kernel_reps:
+            try:
+                row.update(kernel_us(fn, kernel_reps))
+            except Exception as e:  # noqa: BLE001
+                row["kernel_us"] = _error(e)
     row["floor_us"] = None if case.nbytes is None else round(case.nbytes / BANDWIDTH * 1e6, 2)
     return row
 
@@ -384,11 +426,20 @@ def outside_modules():
 
 
 def markdown(rows):
-    """The rows as a Markdown table (one line per (B, case))."""
+    """The rows as a Markdown table (one line per (B, case)), then, where rows have
+    per-kernel times, a table of them (one line per (B, case, kernel))."""
     lines = ["| B | case | " + " | ".join(METRICS) + " |", "|---" * (2 + len(METRICS)) + "|"]
     for r in rows:
         cells = ["-" if r.get(m) is None else str(r[m]) for m in METRICS]
         lines.append(f"| {r['B']} | {r['case']} | " + " | ".join(cells) + " |")
+    kern = [(r, m[len("kernel_us "):]) for r in rows for m in r if m.startswith("kernel_us ")]
+    failed = [r for r in rows if "kernel_us" in r]
+    if kern or failed:
+        lines += ["", "| B | case | kernel | device us per call | launches per call |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['B']} | {r['case']} | {n} | {r['kernel_us ' + n]} | "
+                  f"{r['launches ' + n]} |" for r, n in kern]
+        lines += [f"| {r['B']} | {r['case']} | - | {r['kernel_us']} | - |" for r in failed]
     return "\n".join(lines)
 
 
@@ -409,6 +460,9 @@ def parse(argv=None):
     p.add_argument("--cases", default="", help="comma-separated substrings: only the cases "
                    "whose name contains one of them; an entry =NAME takes the case NAME "
                    "alone (default: every case)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also time each kernel over N eager invocations under "
+                   "torch.profiler (default 0: not timed)")
     return p.parse_args(argv)
 
 
@@ -437,7 +491,7 @@ def main(argv=None):
         for case in cases(inp):
             if a.cases and not any(selects(c, case.name) for c in a.cases.split(",")):
                 continue
-            rows.append(measure(case, B, a.reps, a.label))
+            rows.append(measure(case, B, a.reps, a.label, a.kernels))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del inp
         torch.cuda.empty_cache()

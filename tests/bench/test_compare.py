@@ -68,3 +68,16 @@ def test_odd_file_count_is_refused(tmp_path):
     a = _write(tmp_path, "a.json", {(1, "x"): (1.0, 1.0)}, "old")
     with pytest.raises(SystemExit):
         compare.parse([a])
+
+
+def test_kernel_times_are_compared_and_launch_counts_are_not(tmp_path):
+    def write(name, us, launches):
+        rows = [{"label": name, "B": 1, "case": "a", "graph_dev_us": 10.0,
+                 "kernel_us hist": us, "launches hist": launches}]
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(rows))
+        return compare.load(str(path))
+    result = compare.compare([write("old", 20.0, 1.0)], [write("new", 30.0, 2.0)], 0.05)
+    assert {r["metric"] for r in result} == {"graph_dev_us", "kernel_us hist"}
+    k = _by_cell(result, "kernel_us hist")[(1, "a")]
+    assert k["ratio"] == pytest.approx(1.5) and k["slower"]

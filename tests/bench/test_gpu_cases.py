@@ -81,6 +81,41 @@ def test_a_failing_case_records_errors():
     row = gpu.measure(gpu.Case("sync", lambda: (lambda: None), None, False), 1, 3, "x")
     assert row["graph_dev_us"].startswith("n/a") and row["floor_us"] is None
     assert "us" in gpu.markdown([row]).splitlines()[0]
+    row = gpu.measure(gpu.Case("bad", boom, None, True), 1, 3, "x", kernel_reps=2)
+    assert row["kernel_us"] == "error: ValueError: no input"
+    if not torch.cuda.is_available():  # the profiled invocations need the device
+        row = gpu.measure(gpu.Case("host", lambda: (lambda: None), None, False), 1, 3, "x",
+                          kernel_reps=2)
+        assert row["kernel_us"].startswith("error: ")
+
+
+class _Event:
+    def __init__(self, name, us, device_type=None):
+        self.name, self.device_time = name, us
+        self.device_type = torch.autograd.DeviceType.CUDA if device_type is None else device_type
+
+
+def test_kernel_metrics_per_call():
+    cpu = torch.autograd.DeviceType.CPU
+    events = [_Event("hist", 10.0), _Event("hist", 30.0), _Event("hist", 20.0),
+              _Event("resolve", 4.0), _Event("resolve", 6.0), _Event("resolve", 5.0),
+              _Event("resolve", 100.0), _Event("resolve", 5.0), _Event("resolve", 7.0),
+              _Event("verify", 999.0, cpu)]  # a host event: not a kernel
+    m = gpu.kernel_metrics(events, calls=3)
+    assert m == {"kernel_us hist": 20.0, "launches hist": 1.0,
+                 "kernel_us resolve": 11.0, "launches resolve": 2.0}  # median 5.5 x 2
+
+
+def test_kernel_table_in_markdown():
+    row = {"label": "x", "B": 4, "case": "c", "graph_dev_us": 1.0, "eager_host_us": 2.0,
+           "floor_us": None, "kernel_us k1": 3.5, "launches k1": 1.0}
+    md = gpu.markdown([row])
+    assert "| 4 | c | k1 | 3.5 | 1.0 |" in md
+    bad = dict(row, **{"kernel_us": "error: RuntimeError: no profiler"})
+    del bad["kernel_us k1"], bad["launches k1"]
+    assert "| 4 | c | - | error: RuntimeError: no profiler | - |" in gpu.markdown([bad])
+    assert "kernel" not in gpu.markdown([{k: row[k] for k in list(row)[:6]}])
+    assert gpu.parse(["--kernels", "5"]).kernels == 5 and gpu.parse([]).kernels == 0
 
 
 def test_no_module_outside_the_package():
