@@ -48,8 +48,9 @@ p32 = softmax(3 z) for allocate and draw; seeds 0..B-1, other key fields 0; each
 from its own seeded generator.
 
 Writes ``DIR/gpu-NAME.json``: a list of rows ``{"label", "B", "case", "graph_dev_us",
-"eager_host_us", "floor_us"}`` (and the per-kernel keys with ``--kernels``) (a value is a number, None, or a text: "error: ...",
-"n/a: ...", "... (not held)"), and prints a Markdown table.  A case that fails records its
+"eager_host_us", "floor_us"}``, plus the per-kernel keys with ``--kernels`` (a value is a
+number, None, or a text: "error: ...", "n/a: ...", "... (not held)"), and prints a
+Markdown table (two with ``--kernels``).  A case that fails records its
 error and the run goes on.  ``python -m dyadic.bench compare`` reads these files.
 
 Only dyadic's public API, torch, NumPy and ``dyadic.bench.timing.capture_graph`` /
