@@ -2,9 +2,9 @@
 with BackendUnavailable, never a silent fallback.  verify(logits=True) on GPU tensors
 runs on backends "cuda" (tests/gpu/test_gpu_verify_logits.py) and "numba"
 (tests/gpu/test_numba_device_logits.py); allocate / propose with top_p, min_p or a
-per-row top_k on GPU tensors run on "cuda" (tests/gpu/test_gpu_filtered_alloc.py) and on "numba", and are refused on "cuda" with a
-bias and without top_k (a dense support).  Runs where a GPU is present; skips
-otherwise."""
+per-row top_k on GPU tensors run on "cuda" (tests/gpu/test_gpu_filtered_alloc.py) and
+on "numba", and are refused on "cuda" with a bias and without top_k (a dense support).
+Runs where a GPU is present; skips otherwise."""
 
 import numpy as np
 import pytest

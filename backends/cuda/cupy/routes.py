@@ -240,9 +240,8 @@ def kernel_names(primitive, **shape):
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
     min_p / a per-row top_k: only a dense support's kernels differ) for allocate /
-    propose; k1, greedy, lazy, ragged
-    (num_drafts given), logits (a logits target) and top_k (with logits: a top_k given,
-    default True) for verify."""
+    propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits target) and
+    top_k (with logits: a top_k given, default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
