@@ -732,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
   lg_bucket_keys(c.zmax, q.temp, bucket, &klo, &khi);
   /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
   const int lo = t * tile, hi = min(V, lo + tile);
-  lg_tile(row, lo, hi, [&](int v, u32 xb) {
+  auto gather = [&](int v, u32 xb) {
     const int s = lg_slot(xb, row.e0);
     u64 key;
     if (s >= 0) {  /* a survivor in the bucket, from the table */
@@ -750,7 +750,24 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
     if (by_mass && !lg_before(key, v, c.kkey, c.kid)) return;
     const u32 slot = atomicAdd(&cand_n[r], 1u);
     if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
-  });
+  };
+  if (row.e0 != LG_NOWIN) {
+    /* bfloat16 with a table, two tokens a 32-bit word: a table token whose 16-bit order
+     * key lies outside [klo >> 16, khi >> 16] has a dc_fkey outside [klo, khi] (its
+     * dc_fkey is that key << 16, plus 0xFFFF when negative), so gather would pass it
+     * over; a word of two such tokens is passed over by SIMD compares alone */
+    const u32 lo2 = (klo >> 16) * 0x00010001u, hi2 = (khi >> 16) * 0x00010001u,
+              e02 = row.e0 * 0x00010001u;
+    lg_tile16((const u16*)x + row.off, lo, hi, [&](int v, u32 w) {
+      const u32 k2 = w ^ (((w >> 15) & 0x00010001u) * 0xFFFFu | 0x80008000u);
+      const u32 tab2 = __vcmpltu2(__vsub2((w >> 7) & 0x00FF00FFu, e02), LG_BIN * 0x00010001u);
+      const u32 skip = tab2 & ~(__vcmpgeu2(k2, lo2) & __vcmpleu2(k2, hi2));
+      if ((skip & 0xFFFFu) != 0xFFFFu) gather(v, w << 16);
+      if ((skip >> 16) != 0xFFFFu) gather(v + 1, w & 0xFFFF0000u);
+    }, [&](int v, u16 h) { gather(v, (u32)h << 16); });
+  } else {
+    lg_tile(row, lo, hi, gather);
+  }
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;  /* (synchronises: s32 is free) */
   const u32 n = __ldcg(&cand_n[r]);
   const u64 need = rc[LG_NEED], base = rc[LG_BASE];
