@@ -56,6 +56,8 @@
 #define LG_BIN 16    /* binades of the value table */
 #define LG_TE (2 * LG_BIN * 128)  /* value-table entries: 2 signs x binades x 128 mantissas */
 #define LG_TABW (LG_TE * 18 / 8)  /* u64 words of a row's table: W, key (u64), bucket (u16) */
+#define LG_RTILE (2 * LG_TE)  /* tokens of a residual tile its last block holds in shared
+                                memory (routes.LOGITS_RESIDUAL_MAX_TILE) */
 #define LG_NOWIN 256u  /* LG_WIN of a row without a table (no binade matches it) */
 static_assert((int)(DY_EXP_CUTOFF * 64.0) == LG_NB, "one gap bucket per 1/64 below the cutoff");
 
@@ -824,8 +826,12 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
  * One block per request: in the CPU backend's order (dy_verify_logits_row_host)
  * num_drafts, the parameters, every target row 0..n (TARGET_INVALID_VALUE,
  * TARGET_ZERO_MASS), the draft ids and q rows (dc_draft_check), q(d) > 0; then the
- * acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).  The residual /
- * bonus row goes to logits_residual (res_row, -1 when none). */
+ * acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).  The records and the
+ * drafts are read by a thread each, and each position's acceptance (a pure function of
+ * its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its own once the
+ * request passed every check; thread 0 then walks the chain to its first rejection (or
+ * failing draw), as the sequential chain does.  The residual / bonus row goes to
+ * logits_residual (res_row, -1 when none). */
 extern "C" __global__ void __launch_bounds__(256) logits_chain(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,
@@ -833,12 +839,14 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
     const void* krnd, const void* kpos, int kfmt, const u64* rec, const u64* vtab,
     int* res_row, int* accepted, int* tokens, int* status) {
   __shared__ u32 cq[64], idbits[8];
+  __shared__ int rst[65], acode[64], aok[64], s_code;
   const int b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   if (b >= B) return;
   const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
   int* tok = tokens + (i64)b * (k + 1);
   const i64 qrow = (i64)b * k;
   const int n = q.n;
+  const u64* rb = rec + (i64)b * (k + 1) * LG_REC;
   {
     u32 f = 0;
     for (int i = wid; !q.code && i < n; i += 8) {
@@ -847,45 +855,54 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
       if (lane == 0) cq[i] = c;
     }
     if (lane == 0) idbits[wid] = f;
+    for (int i = tid; !q.code && i <= n; i += blockDim.x) rst[i] = (int)rb[(i64)i * LG_REC + LG_ST];
+  }
+  __syncthreads();
+  if (tid == 0) {
+    res_row[b] = -1;
+    int code = q.code;
+    for (int i = 0; i <= n && !code; ++i) code = rst[i];
+    u32 ids = 0;
+    for (int w = 0; w < 8; ++w) ids |= idbits[w];
+    if (!code && (ids & 2u)) code = DY_ST_DRAFT_OUT_OF_RANGE;
+    if (!code && !q.greedy && (ids & 1u)) code = DY_ST_Q_INVALID;
+    for (int i = 0; i < n && !code && !q.greedy; ++i)
+      if (cq[i] == 0) code = DY_ST_Q_ZERO_AT_DRAFT;
+    for (int i = 0; i <= k; ++i) tok[i] = -1;
+    accepted[b] = 0;
+    if (code) status[b] = code;
+    s_code = code;
+  }
+  __syncthreads();
+  if (s_code) return;  /* block-uniform: nothing is read at a draft id */
+  if (tid < n) {  /* position tid's acceptance: every draft id is in [0, V) */
+    const int i = tid;
+    const u64* rc = rb + (i64)i * LG_REC;
+    const int d = draft[qrow + i];
+    int ok = 0, c = DY_ST_OK;
+    if (q.greedy) ok = d == (int)rc[LG_ARG];
+    else {
+      const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+      const i64 r = (i64)b * (k + 1) + i;
+      const LgRow row = {x, dt, r * V, q.temp, 0, vtab + r * LG_TABW, (u32)rc[LG_WIN]};
+      c = dy_accept(lg_p(row, lg_cut_of(rc), d), rc[LG_T], cq[i], key.seed, key.gen,
+                    key.rnd, key.pos + i, &ok);
+    }
+    acode[i] = c; aok[i] = ok;
   }
   __syncthreads();
   if (tid != 0) return;
-  res_row[b] = -1;
-  int code = q.code;
-  const u64* rb = rec + (i64)b * (k + 1) * LG_REC;
-  for (int i = 0; i <= n && !code; ++i) code = (int)rb[(i64)i * LG_REC + LG_ST];
-  u32 ids = 0;
-  for (int w = 0; w < 8; ++w) ids |= idbits[w];
-  if (!code && (ids & 2u)) code = DY_ST_DRAFT_OUT_OF_RANGE;
-  if (!code && !q.greedy && (ids & 1u)) code = DY_ST_Q_INVALID;
-  for (int i = 0; i < n && !code && !q.greedy; ++i)
-    if (cq[i] == 0) code = DY_ST_Q_ZERO_AT_DRAFT;
-  for (int i = 0; i <= k; ++i) tok[i] = -1;
-  accepted[b] = 0;
-  if (code) { status[b] = code; return; }
-  const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
   for (int i = 0; i < n; ++i) {
-    const u64* rc = rb + (i64)i * LG_REC;
-    const int d = draft[qrow + i];
-    int ok;
-    if (q.greedy) ok = d == (int)rc[LG_ARG];
-    else {
-      const i64 r = (i64)b * (k + 1) + i;
-      const LgRow row = {x, dt, r * V, q.temp, 0, vtab + r * LG_TABW, (u32)rc[LG_WIN]};
-      code = dy_accept(lg_p(row, lg_cut_of(rc), d), rc[LG_T], cq[i], key.seed, key.gen,
-                       key.rnd, key.pos + i, &ok);
-      if (code) break;
+    if (acode[i]) {
+      for (int a = 0; a <= k; ++a) tok[a] = -1;
+      accepted[b] = 0; status[b] = acode[i];
+      return;
     }
-    if (ok) { tok[i] = d; continue; }
+    if (aok[i]) { tok[i] = draft[qrow + i]; continue; }
     accepted[b] = i;
-    if (q.greedy) tok[i] = (int)rc[LG_ARG];
+    if (q.greedy) tok[i] = (int)rb[(i64)i * LG_REC + LG_ARG];
     else res_row[b] = i;
     status[b] = DY_ST_OK;
-    return;
-  }
-  if (code) {
-    for (int i = 0; i <= k; ++i) tok[i] = -1;
-    accepted[b] = 0; status[b] = code;
     return;
   }
   accepted[b] = n;
@@ -898,7 +915,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
  * R_v = dy_residual(P_v, q_v, T) of the rejected row (the bonus row: P_v), P_v from
  * the logits.  Tile sums in 128 bits (sparse q / point mass: every P_v, then the
  * support entries of the tile corrected); the request's last block draws X below
- * the total (domain CORRECTION at the row's position) and the token. */
+ * the total (domain CORRECTION at the row's position), the tile holding X, then the
+ * token in it, with the tile's logits held in shared memory. */
 struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; LgTab tab; u32 low; };
 
 /* A dc_fkey below which no token of the row has P > 0: the key of the value of the
@@ -914,8 +932,8 @@ DC_FN u32 lg_low_key(const LgRow& r, const LgCut& c, int V) {
   return key && dy_order_key(lg_z_of(r, dc_fkey_bits(key - 1))) < ck ? key : 0;
 }
 
-DC_FN dy_u128 lg_res_weight(const LgRes& r, int v) {
-  const u32 xb = lg_bits(r.row, v);
+/* R_v (the bonus row: P_v) of token v whose logit has the float32 bits xb. */
+DC_FN dy_u128 lg_res_weight(const LgRes& r, int v, u32 xb) {
   const u64 P = dc_fkey(xb) < r.low ? 0 : lg_p_of(r.row, r.c, v, xb, r.tab);
   if (!P) return dy_make128(0, 0);  /* dy_residual(0, q, T) = 0: q is not read */
   if (r.bonus) return dy_from64(P);
@@ -933,7 +951,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   __shared__ int is_last, snv, stile, sok;
   __shared__ dy_u128 sx;
   __shared__ uint64_t stab[4][256];
-  __shared__ u64 spc[LG_TE];  /* the row's P column (lg_load_pcol) */
+  /* the row's P column (lg_load_pcol) in the tile pass; in the request's last block
+   * the drawn tile's logits as float32 bits (a tile of at most LG_RTILE tokens) */
+  __shared__ union { u64 pcol[LG_TE]; u32 bits[LG_RTILE]; } sb;
+  u64* const spc = sb.pcol;
   const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x;
   if (b >= B) return;
   const int i = res_row[b];
@@ -1039,9 +1060,16 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   __syncthreads();
   int j = -1;
   if (sok) {
+    /* the drawn tile's logits loaded once into shared memory (every thread's loads in
+     * flight together), so that the search's passes over it wait on no global load;
+     * a tile longer than LG_RTILE reads them from global memory */
     const int l2 = stile * rt, h2 = min(V, l2 + rt);
-    j = block_draw([&](int v) { return lg_res_weight(r, v); }, h2,
-                   [&](dy_u128, dy_u128*) { return false; }, sh, l2, false, sx);
+    const bool held = h2 - l2 <= LG_RTILE;
+    if (held) lg_tile(r.row, l2, h2, [&](int v, u32 xb) { sb.bits[v - l2] = xb; });
+    __syncthreads();
+    j = block_draw([&](int v) {
+                     return lg_res_weight(r, v, held ? sb.bits[v - l2] : lg_bits(r.row, v));
+                   }, h2, [&](dy_u128, dy_u128*) { return false; }, sh, l2, false, sx);
   }
   if (tid == 0) {
     if (j < 0) {
