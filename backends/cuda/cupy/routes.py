@@ -84,11 +84,16 @@ LAZY_LIST_CAP = 2048
 CHAIN_MAX_TILE = 16384
 RESIDUAL_MAX_TILE = 8192
 
-#: verify(logits=True): tiles of the per-row passes (>= ~4 blocks per SM, at most
-#: LOGITS_MAX_TILE ids: each block merges a 2048-bucket histogram into its row's, so
-#: long tiles at large batches mean fewer global atomics) and of the residual row (at
-#: most LOGITS_RESIDUAL_MAX_TILE: its last block searches one tile again).
+#: verify(logits=True): tiles of the per-row passes (~LOGITS_FEW_ROWS_PER_SM blocks per SM
+#: over at most LOGITS_FEW_ROWS rows, else ~2, and at most LOGITS_MAX_TILE ids: a block
+#: has a cost besides its tokens, zeroing and merging a 2048-bucket histogram into its
+#: row's and reading the 4096-value table, so past one request's rows fewer, longer
+#: tiles take less time) and of the residual row (~4 blocks per SM, at most
+#: LOGITS_RESIDUAL_MAX_TILE: its last block holds one tile in shared memory).
 LOGITS_MAX_TILE = 32768  # < 65536: logits_hist counts a tile's tokens per value in 16 bits
+LOGITS_FEW_ROWS = 8
+LOGITS_FEW_ROWS_PER_SM = 4
+LOGITS_ROWS_PER_SM = 2
 LOGITS_RESIDUAL_MAX_TILE = 8192
 
 #: the largest grid y and z dimension.
@@ -230,8 +235,12 @@ def chain_tiles(v, batch, k1, nsm):
 
 
 def logits_tiles(v, batch, k1, nsm):
-    """(the per-row passes' tile, logits_residual's tile) of verify(logits=True)."""
-    return (tile_for(v, batch * k1, nsm, LOGITS_MAX_TILE),
+    """(the per-row passes' tile, logits_residual's tile) of verify(logits=True) over
+    ``batch`` requests of ``k1`` target rows (allocate / propose with top_p / min_p: k1 =
+    1)."""
+    rows = batch * k1
+    per_sm = LOGITS_FEW_ROWS_PER_SM if rows <= LOGITS_FEW_ROWS else LOGITS_ROWS_PER_SM
+    return (tile_for(v, rows, nsm, LOGITS_MAX_TILE, per_sm),
             tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE))
 
 
