@@ -509,6 +509,26 @@ DC_FN void lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mas
   }
 }
 
+/* logits_hist's work for a token outside the row's value table: its weight, and its
+ * count and mass into the histogram when it survives min-p. */
+DC_FN void lg_hist_other(const LgRow& row, double zmax, u32 xb, LgTab tab, u64 mpw, bool counts,
+                         u32* sc, u64* sm) {
+  const LgEl e = lg_el_of(row, zmax, xb, tab);
+  if (lg_surv(e.w, mpw)) {
+    if (counts) atomicAdd(&sc[e.bucket], 1u);
+    atomicAdd(&sm[e.bucket], e.w);
+  }
+}
+
+/* lg_hist_other out of line, for the passes over 16-bit logits: lg_tile16 unrolls its
+ * loop to 32 tokens, and with each token's weight computed inline the loop would not fit
+ * the instruction cache (a table row's common token takes the short inline table path). */
+static __device__ __noinline__ void lg_hist_other_call(const LgRow& row, double zmax, u32 xb,
+                                                       LgTab tab, u64 mpw, bool counts, u32* sc,
+                                                       u64* sm) {
+  lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm);
+}
+
 extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
@@ -539,15 +559,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   const int lo = t * tile, hi = min(V, lo + tile);
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
   const bool counts = q.topk > 0;
-  lg_tile(row, lo, hi, [&](int, u32 xb) {
-    const int s = lg_slot(xb, row.e0);
-    if (s >= 0) { atomicAdd(&ec[s >> 1], 1u << ((s & 1) << 4)); return; }
-    const LgEl e = lg_el_of(row, zmax, xb, tab);
-    if (lg_surv(e.w, mpw)) {
-      if (counts) atomicAdd(&sc[e.bucket], 1u);
-      atomicAdd(&sm[e.bucket], e.w);
-    }
-  });
+  if (row.dt == 0)  /* float32: one loop, the token's work inline */
+    lg_tile(row, lo, hi, [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
+  else  /* 16-bit: a table value counted inline, any other token's work out of line */
+    lg_tile(row, lo, hi, [&](int, u32 xb) {
+      const int s = lg_slot(xb, row.e0);
+      if (s >= 0) atomicAdd(&ec[s >> 1], 1u << ((s & 1) << 4));
+      else lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
+    });
   __syncthreads();
   if (table) {  /* each value present: count x W into its bucket */
     const u64* tw = lg_tab_w(row.tab);
