@@ -2,7 +2,7 @@
 # The GPU parity suites and the GPU benchmark in one command (run on the GPU machine).
 #   tools/gpu_suite.sh                  logs to $OUT/log.txt (default OUT=./gpu-out)
 # STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench;
-# shard runs only when named):
+# shard, ab and kab run only when named):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
 #           ids, streams, graph capture) and the host-side tests that touch the device path
@@ -24,9 +24,13 @@
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
 #           dyadic/bench/gpu.py per side (each pinned to CPU core $AB_CPU where set), then
 #           python -m dyadic.bench compare
+#   kab     python -m dyadic.bench kernel-ab $KAB_OLD: the kernels of the source tree KAB_OLD
+#           against this tree's, alternating in one process under this tree's plans
+#           (KAB_ROUNDS rounds of KAB_REPS profiled invocations; CASES and BATCH as bench)
 # (The ab stage takes KERNELS too; the first run of each side compiles its kernels, which
 # with the cold logits cases needs an AB_T well above 70 s.)
-# Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run) so one
+# Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run,
+# KAB_T) so one
 # call fits a device lease; split the stages over calls where they do not.
 set -o pipefail
 STAGES=${STAGES:-"build cuda numba integrations fuzz bench"}
@@ -131,6 +135,12 @@ PY
     done
   done
   python3 -m dyadic.bench compare $files --tolerance ${AB_TOL:-0.05} 2>&1 | tee "$OUT/ab-compare.md"
+  fi
+  if has kab; then stamp "kernel A/B: ${KAB_OLD:?KAB_OLD: the old source tree} vs this tree"
+  timeout ${KAB_T:-300} python3 -m dyadic.bench kernel-ab "$KAB_OLD" --batch ${BATCH:-1,4,16,64} \
+      --cases "${CASES:-}" --rounds ${KAB_ROUNDS:-2} --reps ${KAB_REPS:-5} --out "$OUT/kab" \
+      2>&1 | tee "$OUT/kab-compare.md" | tail -${TAIL:-60}
+  echo "kernel A/B exit: $?"
   fi
   stamp done
 } 2>&1 | tee "$LOG"

@@ -19,6 +19,10 @@ Subcommands (each has its own --help):
     python -m dyadic.bench compare OLD.json NEW.json [OLD2.json NEW2.json ...] [--tolerance 0.05]
         A/B of gpu result files: per-cell medians over runs, new/old ratios, cells slower
         than the tolerance marked (dyadic/bench/compare.py).
+    python -m dyadic.bench kernel-ab OLD_TREE [--batch 1,4,16,64] [--cases NAMES] [--rounds 2]
+        another source tree's CUDA kernels against this tree's in one process, under this
+        tree's plans and inputs, per kernel, outputs checked identical
+        (dyadic/bench/kernel_ab.py).
 """
 
 import argparse
@@ -67,6 +71,9 @@ def main(argv=None):
     if argv[:1] == ["compare"]:
         from . import compare
         return compare.main(argv[1:])
+    if argv[:1] == ["kernel-ab"]:
+        from . import kernel_ab  # imports torch
+        return kernel_ab.main(argv[1:])
     return main_run(parse(argv))
 
 

@@ -53,36 +53,48 @@ def include_dir():
     return os.path.join(os.path.dirname(os.path.dirname(_HERE)), "include")
 
 
-def source():
-    """kernels.cu, after a first line holding the SHA-256 of every header it can
-    include (the kernel directory's ``.cuh`` files and the shared integer core).
-    CuPy's on-disk kernel cache keys on the source text and the options, not on the
-    files an ``#include`` reads: without the digest, a changed header (a new dyadic
-    version, an edited tree) would load the binary compiled from the old one."""
+def source(kernel_dir=None, include=None):
+    """kernels.cu of ``kernel_dir`` (default KERNEL_DIR), after a first line holding the
+    SHA-256 of every header it can include (the kernel directory's ``.cuh`` files and the
+    shared integer core of ``include``, default include_dir()).  CuPy's on-disk kernel
+    cache keys on the source text and the options, not on the files an ``#include`` reads:
+    without the digest, a changed header (a new dyadic version, an edited tree) would load
+    the binary compiled from the old one."""
+    kernel_dir = KERNEL_DIR if kernel_dir is None else kernel_dir
+    include = include_dir() if include is None else include
     digest = hashlib.sha256()
-    for folder in (KERNEL_DIR, include_dir()):
+    for folder in (kernel_dir, include):
         for name in sorted(os.listdir(folder)):
             if name.endswith((".cuh", ".h")):
                 with open(os.path.join(folder, name), "rb") as f:
                     digest.update(name.encode() + b"\0" + f.read() + b"\0")
-    with open(os.path.join(KERNEL_DIR, "kernels.cu")) as f:
+    with open(os.path.join(kernel_dir, "kernels.cu")) as f:
         return f"// headers sha256 {digest.hexdigest()}\n" + f.read()
+
+
+def compile_module(kernel_dir=None, include=None):
+    """A compiled RawModule of the kernels of ``kernel_dir`` with the integer core of
+    ``include`` (default: this package's, KERNEL_DIR and include_dir()), built with the
+    options of module().  Another source tree's folders give its kernels, for an A/B in
+    one process (dyadic.bench kernel-ab)."""
+    kernel_dir = KERNEL_DIR if kernel_dir is None else kernel_dir
+    include = include_dir() if include is None else include
+    mod = cupy().RawModule(code=source(kernel_dir, include), options=(
+        "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--std=c++17",
+        "-I" + include, "-I" + kernel_dir) + (("-lineinfo", "-DDC_PROF") if PROFILE else ()))
+    mod.compile()
+    return mod
 
 
 def module(dev=None):
     """The compiled RawModule of device ``dev`` (default: the current one), compiled
     once per device."""
-    cp = cupy()
+    cupy()  # device_id is CuPy's from here on
     if dev is None:
         dev = device_id()
     mod = _MODULES.get(dev)
     if mod is None:
-        mod = cp.RawModule(code=source(), options=(
-            "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--std=c++17",
-            "-I" + include_dir(), "-I" + KERNEL_DIR)
-            + (("-lineinfo", "-DDC_PROF") if PROFILE else ()))
-        mod.compile()
-        _MODULES[dev] = mod
+        mod = _MODULES[dev] = compile_module()
     return mod
 
 
@@ -122,6 +134,29 @@ def kernel(name):
         fn = launch.Kernel(module(dev).get_function(name), name)
         _KERNELS[(dev, name)] = fn
     return fn
+
+
+def launcher(mod, name):
+    """A launcher (launch.Kernel) of kernel ``name`` of the compiled module ``mod``."""
+    _launch_setup()
+    return launch.Kernel(mod.get_function(name), name)
+
+
+def replace_kernels(launchers):
+    """Makes ``launchers`` ({name: launch.Kernel}) the launchers of those kernels on the
+    current device and returns the ones they replace (None where none was made yet).
+    Plans keep the launchers they were made with: clear plans.PLANS and
+    dyadic._device._CALLS before the next call.  For dyadic.bench kernel-ab, which times
+    another source tree's kernels under this tree's plans."""
+    dev = device_id()
+    before = {}
+    for name, fn in launchers.items():
+        before[name] = _KERNELS.get((dev, name))
+        if fn is None:
+            _KERNELS.pop((dev, name), None)
+        else:
+            _KERNELS[(dev, name)] = fn
+    return before
 
 
 def scratch(name, nbytes):

@@ -560,7 +560,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
   const bool counts = q.topk > 0;
   if (row.dt == 0)  /* float32: one loop, the token's work inline */
-    lg_tile(row, lo, hi, [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
+    lg_tile(row, lo, hi,
+            [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
   else  /* 16-bit: a table value counted inline, any other token's work out of line */
     lg_tile(row, lo, hi, [&](int, u32 xb) {
       const int s = lg_slot(xb, row.e0);
