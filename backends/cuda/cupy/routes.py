@@ -85,11 +85,12 @@ CHAIN_MAX_TILE = 16384
 RESIDUAL_MAX_TILE = 8192
 
 #: verify(logits=True): tiles of the per-row passes (~LOGITS_FEW_ROWS_PER_SM blocks per SM
-#: over at most LOGITS_FEW_ROWS rows, else ~2, and at most LOGITS_MAX_TILE ids: a block
-#: has a cost besides its tokens, zeroing and merging a 2048-bucket histogram into its
-#: row's and reading the 4096-value table, so past one request's rows fewer, longer
-#: tiles take less time) and of the residual row (~4 blocks per SM, at most
-#: LOGITS_RESIDUAL_MAX_TILE: its last block holds one tile in shared memory).
+#: over at most LOGITS_FEW_ROWS rows, else ~LOGITS_ROWS_PER_SM, and at most
+#: LOGITS_MAX_TILE ids: a block has a cost besides its tokens, zeroing and merging a
+#: 2048-bucket histogram into its row's and reading the 4096-value table, so past one
+#: request's rows fewer, longer tiles take less time) and of the residual row (~4 blocks
+#: per SM, at most LOGITS_RESIDUAL_MAX_TILE: its last block holds one tile in shared
+#: memory).
 LOGITS_MAX_TILE = 32768  # < 65536: logits_hist counts a tile's tokens per value in 16 bits
 LOGITS_FEW_ROWS = 8
 LOGITS_FEW_ROWS_PER_SM = 4
