@@ -36,7 +36,7 @@ import sys
 import numpy as np
 import torch
 
-from . import compare
+from . import compare, gpu
 
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
                      r'(?:__launch_bounds__\s*\([^()]*\)\s+)?(\w+)\s*\(')
@@ -119,18 +119,14 @@ def with_sum(metrics):
     return {**metrics, "kernel_sum_us": round(total, 2)}
 
 
-def _ints(s):
-    return [int(x) for x in s.split(",") if x]
-
-
 def parse(argv=None):
-    from .gpu import K, V
     p = argparse.ArgumentParser(prog="python -m dyadic.bench kernel-ab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", metavar="OLD_TREE", help="the source tree whose kernels are 'old'")
-    p.add_argument("--batch", type=_ints, default=[1, 4, 16, 64], help="batch sizes B")
-    p.add_argument("--vocab", type=int, default=V, help=f"vocabulary size V (default {V})")
-    p.add_argument("--k", type=int, default=K, help=f"draft depth for verify (default {K})")
+    p.add_argument("--batch", type=gpu._ints, default=[1, 4, 16, 64], help="batch sizes B")
+    p.add_argument("--vocab", type=int, default=gpu.V,
+                   help=f"vocabulary size V (default {gpu.V})")
+    p.add_argument("--k", type=int, default=gpu.K, help=f"draft depth for verify (default {gpu.K})")
     p.add_argument("--cases", default="", help="as gpu.py's --cases (default: every case)")
     p.add_argument("--rounds", type=int, default=2, help="alternated rounds (default 2)")
     p.add_argument("--reps", type=int, default=5,
@@ -147,7 +143,6 @@ def parse(argv=None):
 def main(argv=None):
     a = parse(argv)
     import dyadic
-    from . import gpu
     try:
         kdir, idir = tree_dirs(a.old)
     except ValueError as e:
@@ -164,6 +159,12 @@ def main(argv=None):
         return 2
     from dyadic import _device
     from dyadic.backends.cuda.cupy import plans, runtime
+
+    def install(launchers):  # the launchers, and plans made afresh with them
+        runtime.replace_kernels(launchers)
+        plans.PLANS.clear()
+        _device._CALLS.clear()
+
     old_mod = runtime.compile_module(kdir, idir)
     old_sigs, new_sigs = signatures(kdir), signatures(runtime.KERNEL_DIR)
     old_launchers, kept_all, differ = {}, {}, []
@@ -188,19 +189,15 @@ def main(argv=None):
             for r in range(a.rounds):
                 results = {}
                 for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                    runtime.replace_kernels({n: (old_launchers if side == "old"
-                                                 else new_launchers)[n] for n in swap})
-                    plans.PLANS.clear()
-                    _device._CALLS.clear()
+                    install({n: (old_launchers if side == "old" else new_launchers)[n]
+                             for n in swap})
                     try:
                         fn = case.make()
                         metrics = with_sum(gpu.kernel_us(fn, a.reps))
                         results[side] = fn()
                         torch.cuda.synchronize()
                     finally:
-                        runtime.replace_kernels(new_launchers)
-                        plans.PLANS.clear()
-                        _device._CALLS.clear()
+                        install(new_launchers)
                     runs[side][r].append({"label": f"{side}{r + 1}", "B": B, "case": case.name,
                                           **metrics})
                 if not same_outputs(results["old"], results["new"]):

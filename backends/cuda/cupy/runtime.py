@@ -130,9 +130,7 @@ def kernel(name):
     dev = device_id()
     fn = _KERNELS.get((dev, name))
     if fn is None:
-        _launch_setup()
-        fn = launch.Kernel(module(dev).get_function(name), name)
-        _KERNELS[(dev, name)] = fn
+        fn = _KERNELS[(dev, name)] = launcher(module(dev), name)
     return fn
 
 
@@ -144,19 +142,12 @@ def launcher(mod, name):
 
 def replace_kernels(launchers):
     """Makes ``launchers`` ({name: launch.Kernel}) the launchers of those kernels on the
-    current device and returns the ones they replace (None where none was made yet).
-    Plans keep the launchers they were made with: clear plans.PLANS and
+    current device.  Plans keep the launchers they were made with: clear plans.PLANS and
     dyadic._device._CALLS before the next call.  For dyadic.bench kernel-ab, which times
     another source tree's kernels under this tree's plans."""
     dev = device_id()
-    before = {}
     for name, fn in launchers.items():
-        before[name] = _KERNELS.get((dev, name))
-        if fn is None:
-            _KERNELS.pop((dev, name), None)
-        else:
-            _KERNELS[(dev, name)] = fn
-    return before
+        _KERNELS[(dev, name)] = fn
 
 
 def scratch(name, nbytes):
