@@ -952,12 +952,35 @@ DC_FN u32 lg_low_key(const LgRow& r, const LgCut& c, int V) {
   return key && dy_order_key(lg_z_of(r, dc_fkey_bits(key - 1))) < ck ? key : 0;
 }
 
-/* R_v (the bonus row: P_v) of token v whose logit has the float32 bits xb. */
-DC_FN dy_u128 lg_res_weight(const LgRes& r, int v, u32 xb) {
-  const u64 P = dc_fkey(xb) < r.low ? 0 : lg_p_of(r.row, r.c, v, xb, r.tab);
+/* R_v (the bonus row: P_v) of token v whose logit has the float32 bits xb, at or above
+ * r.low; out of line, as lg_hist_other_call is: block_draw's loops inline their weight. */
+static __device__ __noinline__ dy_u128 lg_res_weight_call(const LgRes& r, int v, u32 xb) {
+  const u64 P = lg_p_of(r.row, r.c, v, xb, r.tab);
   if (!P) return dy_make128(0, 0);  /* dy_residual(0, q, T) = 0: q is not read */
   if (r.bonus) return dy_from64(P);
   return dy_residual(P, q_at(r.qcr, r.qir, r.nv, v, r.d), r.T);
+}
+
+/* R_v (the bonus row: P_v) of token v whose logit has the float32 bits xb. */
+DC_FN dy_u128 lg_res_weight(const LgRes& r, int v, u32 xb) {
+  return dc_fkey(xb) < r.low ? dy_make128(0, 0) : lg_res_weight_call(r, v, xb);
+}
+
+/* The tile pass's term of token v (logit bits xb, at or above r.low): R_v on a dense q
+ * row, P_v on the bonus row, else P_v * 2**24 (the support entries corrected after);
+ * spc the row's P column when pcol. */
+DC_FN dy_u128 lg_res_term(const LgRes& r, int v, u32 xb, bool pcol, bool dense, const u64* spc) {
+  const u64 P = pcol ? lg_p_col(r.row, r.c, v, xb, spc, r.tab) : lg_p_of(r.row, r.c, v, xb, r.tab);
+  return dense ? dy_residual(P, r.qcr[v], r.T)
+               : (r.bonus ? dy_from64(P)
+                          : dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS));
+}
+
+/* lg_res_term out of line for the passes over 16-bit logits, as lg_hist_other_call is; r
+ * is the block's one copy in shared memory. */
+static __device__ __noinline__ dy_u128 lg_res_term_call(const LgRes& r, int v, u32 xb, bool pcol,
+                                                        bool dense, const u64* spc) {
+  return lg_res_term(r, v, xb, pcol, dense, spc);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
@@ -1007,17 +1030,24 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     __syncthreads();
     r.nv = snv;
   }
+  /* the out-of-line calls read r from one copy in shared memory (every field is the
+   * block's): a reference to a per-thread copy would store it to each thread's stack */
+  __shared__ LgRes sr;
+  if (tid == 0) sr = r;
+  __syncthreads();
   const int lo = tile * rt, hi = min(V, lo + rt);
   const bool dense = !r.bonus && r.qcr && !r.qir;
   if (pcol) lg_load_pcol(r.row, r.c, spc);
   dy_u128 s = dy_make128(0, 0);
-  lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
-    if (dc_fkey(xb) < r.low) return;  /* P = 0: no residual, no bonus mass */
-    const u64 P = pcol ? lg_p_col(r.row, r.c, v, xb, spc, r.tab) : lg_p_of(r.row, r.c, v, xb, r.tab);
-    s = dy_add128(s, dense ? dy_residual(P, r.qcr[v], r.T)
-                           : (r.bonus ? dy_from64(P)
-                                      : dy_make128(P >> (64 - DY_TOTAL_BITS), P << DY_TOTAL_BITS)));
-  });
+  /* a token below r.low has P = 0: no residual, no bonus mass */
+  if (dt == 0)  /* float32: one loop, the token's work inline */
+    lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
+      if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term(r, v, xb, pcol, dense, spc));
+    });
+  else
+    lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
+      if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term_call(sr, v, xb, pcol, dense, spc));
+    });
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
     if (!r.qcr) {
       if (tid == 0 && r.d >= lo && r.d < hi) {
@@ -1088,7 +1118,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     if (held) lg_tile(r.row, l2, h2, [&](int v, u32 xb) { sb.bits[v - l2] = xb; });
     __syncthreads();
     j = block_draw([&](int v) {
-                     return lg_res_weight(r, v, held ? sb.bits[v - l2] : lg_bits(r.row, v));
+                     return lg_res_weight(sr, v, held ? sb.bits[v - l2] : lg_bits(r.row, v));
                    }, h2, [&](dy_u128, dy_u128*) { return false; }, sh, l2, false, sx);
   }
   if (tid == 0) {
