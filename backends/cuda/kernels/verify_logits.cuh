@@ -727,6 +727,21 @@ DC_FN void lg_sort(u64* key, u32* id, int n) {
   }
 }
 
+/* The order key of a token outside the row's value table (logit bits xb) when it
+ * survives min-p in gap bucket j (the bucket from the gap alone: W > 0 needs a gap below
+ * 32; the weight only inside it), else 0 (a survivor's key is above DC_KEY_NEG_INF). */
+DC_FN u64 lg_gap_key(const LgRow& row, const LgCut& c, int j, u32 xb) {
+  const double z = lg_z_of(row, xb), gap = c.zmax - z;
+  if (!(gap < DY_EXP_CUTOFF) || (int)(gap * 64.0) != j) return 0;
+  return lg_surv(dy_weight_from_gap(gap), c.mpw) ? dy_order_key(z) : 0;
+}
+
+/* lg_gap_key out of line for the passes over 16-bit logits, as lg_hist_other_call is. */
+static __device__ __noinline__ u64 lg_gap_key_call(const LgRow& row, const LgCut& c, int j,
+                                                   u32 xb) {
+  return lg_gap_key(row, c, j, xb);
+}
+
 extern "C" __global__ void __launch_bounds__(256) logits_resolve(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
@@ -754,24 +769,32 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
   lg_bucket_keys(c.zmax, q.temp, bucket, &klo, &khi);
   /* gather the bucket's candidates (before the top-k cut when resolving top-p) */
   const int lo = t * tile, hi = min(V, lo + tile);
-  auto gather = [&](int v, u32 xb) {
-    const int s = lg_slot(xb, row.e0);
-    u64 key;
-    if (s >= 0) {  /* a survivor in the bucket, from the table */
-      const u32 fk = dc_fkey(xb);
-      if (fk < klo || fk > khi || __ldg(&tbk[s]) != bucket) return;
-      key = __ldg(&tkey[s]);
-    } else {
-      /* the bucket from the gap alone (W > 0 needs a gap below 32); the weight, for
-       * min-p, only inside it */
-      const double z = lg_z_of(row, xb), gap = c.zmax - z;
-      if (!(gap < DY_EXP_CUTOFF) || (int)(gap * 64.0) != bucket) return;
-      key = dy_order_key(z);
-      if (!lg_surv(dy_weight_from_gap(gap), c.mpw)) return;
-    }
+  /* a table token's key when it is a survivor in the bucket, else 0 (a survivor's key is
+   * above DC_KEY_NEG_INF) */
+  auto table_key = [&](int s, u32 xb) -> u64 {
+    const u32 fk = dc_fkey(xb);
+    return fk < klo || fk > khi || __ldg(&tbk[s]) != bucket ? 0 : __ldg(&tkey[s]);
+  };
+  auto add = [&](int v, u64 key) {
     if (by_mass && !lg_before(key, v, c.kkey, c.kid)) return;
     const u32 slot = atomicAdd(&cand_n[r], 1u);
     if (slot < LG_CAP) { cand_key[(i64)r * LG_CAP + slot] = key; cand_id[(i64)r * LG_CAP + slot] = (u32)v; }
+  };
+  /* float32: the token's work inline */
+  auto gather = [&](int v, u32 xb) {
+    const int s = lg_slot(xb, row.e0);
+    const u64 key = s >= 0 ? table_key(s, xb) : lg_gap_key(row, c, bucket, xb);
+    if (key) add(v, key);
+  };
+  /* 16-bit: a token outside the table out of line, reading the block's shared copy */
+  __shared__ LgRow srow;
+  __shared__ LgCut scut;
+  if (tid == 0) { srow = row; scut = c; }
+  __syncthreads();
+  auto gather16 = [&](int v, u32 xb) {
+    const int s = lg_slot(xb, row.e0);
+    const u64 key = s >= 0 ? table_key(s, xb) : lg_gap_key_call(srow, scut, bucket, xb);
+    if (key) add(v, key);
   };
   if (row.e0 != LG_NOWIN) {
     /* bfloat16 with a table, two tokens a 32-bit word: a table token whose 16-bit order
@@ -784,11 +807,13 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
       const u32 k2 = w ^ (((w >> 15) & 0x00010001u) * 0xFFFFu | 0x80008000u);
       const u32 tab2 = __vcmpltu2(__vsub2((w >> 7) & 0x00FF00FFu, e02), LG_BIN * 0x00010001u);
       const u32 skip = tab2 & ~(__vcmpgeu2(k2, lo2) & __vcmpleu2(k2, hi2));
-      if ((skip & 0xFFFFu) != 0xFFFFu) gather(v, w << 16);
-      if ((skip >> 16) != 0xFFFFu) gather(v + 1, w & 0xFFFF0000u);
-    }, [&](int v, u16 h) { gather(v, (u32)h << 16); });
-  } else {
+      if ((skip & 0xFFFFu) != 0xFFFFu) gather16(v, w << 16);
+      if ((skip >> 16) != 0xFFFFu) gather16(v + 1, w & 0xFFFF0000u);
+    }, [&](int v, u16 h) { gather16(v, (u32)h << 16); });
+  } else if (row.dt == 0) {
     lg_tile(row, lo, hi, gather);
+  } else {
+    lg_tile(row, lo, hi, gather16);
   }
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;  /* (synchronises: s32 is free) */
   const u32 n = __ldcg(&cand_n[r]);
