@@ -2,7 +2,7 @@
 # The GPU parity suites and the GPU benchmark in one command (run on the GPU machine).
 #   tools/gpu_suite.sh                  logs to $OUT/log.txt (default OUT=./gpu-out)
 # STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench;
-# shard, ab and kab run only when named):
+# shard, ab, kab and timeline run only when named):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
 #           ids, streams, graph capture) and the host-side tests that touch the device path
@@ -27,10 +27,13 @@
 #   kab     python -m dyadic.bench kernel-ab $KAB_OLD: the kernels of the source tree KAB_OLD
 #           against this tree's, alternating in one process under this tree's plans
 #           (KAB_ROUNDS rounds of KAB_REPS profiled invocations; CASES and BATCH as bench)
+#   timeline  python -m dyadic.bench timeline: each kernel's pass and last-block tail in a
+#           call, from %globaltimer stamps of an instrumented copy of the kernels (TL_CASES,
+#           default the verify-from-logits case; BATCH as bench)
 # (The ab stage takes KERNELS too; the first run of each side compiles its kernels, which
 # with the cold logits cases needs an AB_T well above 70 s.)
 # Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run,
-# KAB_T) so one
+# KAB_T, TL_T) so one
 # call fits a device lease; split the stages over calls where they do not.
 set -o pipefail
 STAGES=${STAGES:-"build cuda numba integrations fuzz bench"}
@@ -141,6 +144,12 @@ PY
       --cases "${CASES:-}" --rounds ${KAB_ROUNDS:-2} --reps ${KAB_REPS:-5} --out "$OUT/kab" \
       2>&1 | tee "$OUT/kab-compare.md" | tail -${TAIL:-60}
   echo "kernel A/B exit: $?"
+  fi
+  if has timeline; then stamp "timeline"
+  timeout ${TL_T:-200} python3 -m dyadic.bench timeline --batch ${BATCH:-1,4,16,64} \
+      --cases "${TL_CASES:-=verify_k5_logits_dense_lazy_close_cold}" --out "$OUT" \
+      2>&1 | tee "$OUT/timeline.md" | tail -${TAIL:-60}
+  echo "timeline exit: $?"
   fi
   stamp done
 } 2>&1 | tee "$LOG"

@@ -23,6 +23,9 @@ Subcommands (each has its own --help):
         another source tree's CUDA kernels against this tree's in one process, under this
         tree's plans and inputs, per kernel, outputs checked identical
         (dyadic/bench/kernel_ab.py).
+    python -m dyadic.bench timeline [--batch 1,4,16,64] [--cases NAMES] [--calls 60]
+        each kernel's pass and last-block tail in a call, from %globaltimer stamps of an
+        instrumented copy of this tree's kernels (dyadic/bench/timeline.py).
 """
 
 import argparse
@@ -74,6 +77,9 @@ def main(argv=None):
     if argv[:1] == ["kernel-ab"]:
         from . import kernel_ab  # imports torch
         return kernel_ab.main(argv[1:])
+    if argv[:1] == ["timeline"]:
+        from . import timeline  # imports torch when run
+        return timeline.main(argv[1:])
     return main_run(parse(argv))
 
 

@@ -179,7 +179,7 @@ def cold_sets(per_set_bytes):
 
 def verify_cold(inp, workload, sparse, check, ragged=False, logits=False):
     """``make`` of a verify case on ``cold_sets`` input sets called one after another
-    (one invocation = that many calls).  workload "close": p = softmax(3 z), q =
+    (one invocation = that many calls; the invocation's ``step(j)`` makes call j alone).  workload "close": p = softmax(3 z), q =
     softmax(3 z + 0.5 noise); "indep": p = softmax(3 z1), q = softmax(3 z2); z ~ N(0, 1)
     per request and position; drafts drawn from q's counts (dense) or q's top id
     (top-32).  ragged: ``num_drafts`` = b mod (k + 1) for request b (a device array).
@@ -208,12 +208,17 @@ def verify_cold(inp, workload, sparse, check, ragged=False, logits=False):
                 (B,), LOGITS_T, dtype=torch.float64, device=inp.device), top_p=torch.full(
                 (B,), LOGITS_TOP_P, dtype=torch.float32, device=inp.device))
 
+        def step(j):  # the call on input set j alone
+            target, d, q, keys, out = calls[j]
+            return dyadic.verify(target, d, q, keys, backend=be, check=check, out=out,
+                                 num_drafts=nd, **kw)
+
         def run():
-            for target, d, q, keys, out in calls:
-                v = dyadic.verify(target, d, q, keys, backend=be, check=check, out=out,
-                                  num_drafts=nd, **kw)
+            for j in range(len(calls)):
+                v = step(j)
             return v
         run.calls = len(calls)
+        run.step = step
         return run
     return make
 
