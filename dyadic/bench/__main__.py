@@ -78,7 +78,7 @@ def main(argv=None):
         from . import kernel_ab  # imports torch
         return kernel_ab.main(argv[1:])
     if argv[:1] == ["timeline"]:
-        from . import timeline  # imports torch when run
+        from . import timeline  # imports torch
         return timeline.main(argv[1:])
     return main_run(parse(argv))
 

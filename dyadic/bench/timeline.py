@@ -253,8 +253,8 @@ def main(argv=None):
                 fn()  # plans, compiles and first-touch allocations outside the timing
                 per_call = []
                 for j in range(a.calls):
-                    stamps[:, 0] = np.iinfo(np.uint64).max
-                    stamps[:, 1:] = 0
+                    stamps[:, 0] = np.uint64(np.iinfo(np.uint64).max)
+                    stamps[:, 1:] = np.uint64(0)
                     cupy.cuda.Device().synchronize()
                     steps[j % len(steps)]()
                     cupy.cuda.Device().synchronize()

@@ -8,8 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from dyadic.backends.cuda.cupy import runtime
-from dyadic.bench import kernel_ab, timeline
+torch = pytest.importorskip("torch")
+
+from dyadic.backends.cuda.cupy import runtime  # noqa: E402
+from dyadic.bench import kernel_ab, timeline  # noqa: E402
 
 NEVER = np.iinfo(np.uint64).max
 
@@ -115,7 +117,6 @@ def test_a_kernel_missing_from_one_call_is_left_out():
 
 
 def test_steps_of_the_cases(monkeypatch):
-    pytest.importorskip("torch")
     from dyadic.bench import gpu
     from dyadic.bench.inputs import host_backend
     monkeypatch.setattr(gpu, "L2_BYTES", 1)  # two input sets per cold case
