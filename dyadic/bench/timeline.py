@@ -7,7 +7,9 @@ The kernels of this tree are compiled once more, instrumented: thread 0 of every
 stamps the GPU's ``%globaltimer`` (nanoseconds, one clock for every SM) into a device
 array when the block starts (the earliest kept), when it reaches ``dc_elect_last`` (the
 latest kept: the row's blocks are done with their pass), when it is elected the last
-block of its row (the latest kept) and when it returns (the latest kept).  For each
+block of its row (the latest kept), when it passes a phase mark ``DY_TL_MARK(m)``,
+m = 0..3, of the kernel's body (the latest kept; the marks are nothing in the normal
+build, common.cuh) and when it returns (the latest kept).  For each
 batch size and case of ``python -m dyadic.bench gpu`` (``--cases`` picks them as there;
 default the verify-from-logits case), the instrumented launchers replace this tree's,
 the case's dyadic calls run one at a time (a cold case's rotated input sets in turn),
@@ -21,7 +23,9 @@ the stamps are reset before each call and read after it, and the medians over
     tail   from the last election to the kernel's end (the elected blocks' work)
     total  from its start to its end
 
-A kernel without an election has only start, gap and total; a kernel launched more
+    marks  "m: t" for each mark every call passed, t from the kernel's start
+
+A kernel without an election has only start, gap, total and its marks; a kernel launched more
 than once in one call spans its first start to its last end.  The stamps cost a few
 atomics per block, so totals read a little above ``gpu --kernels``; compare timelines
 with each other, not with that table.  Eager calls, so the gaps are eager launch gaps
@@ -44,9 +48,10 @@ from . import kernel_ab
 ARRAY = "dy_timeline"
 _ELECT = re.compile(r"(template\s*<[^<>]*>\s*)?DC_FN\s+bool\s+dc_elect_last\s*\(")
 _STAMPS = r"""
-/* dyadic.bench timeline: per kernel [first start, last pass end, last election, last end]
- * (%globaltimer ns); the last row is the sink of elections outside a kernel's body */
-__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][4];
+/* dyadic.bench timeline: per kernel [first start, last pass end, last election, last end,
+ * the last passes of marks 0..3] (%globaltimer ns); the last row is the sink of elections
+ * and marks outside a kernel's body */
+__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][8];
 static constexpr int dy_tl_k = DY_TL_KERNELS;
 __device__ __forceinline__ unsigned long long dy_tl_now() {
   unsigned long long t;
@@ -57,7 +62,7 @@ struct DyTlEnd {
   int k;
   __device__ ~DyTlEnd() { if (threadIdx.x == 0) atomicMax(&dy_timeline[k][3], dy_tl_now()); }
 };
-#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; DyTlEnd dy_tl_end{K}; \
+#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; (void)dy_tl_k; DyTlEnd dy_tl_end{K}; \
   if (threadIdx.x == 0) atomicMin(&dy_timeline[K][0], dy_tl_now());
 __device__ __forceinline__ int dy_tl_pass(int k) {
   if (threadIdx.x == 0) atomicMax(&dy_timeline[k][1], dy_tl_now());
@@ -67,7 +72,10 @@ __device__ __forceinline__ bool dy_tl_elect(int k, bool last) {
   if (last && threadIdx.x == 0) atomicMax(&dy_timeline[k][2], dy_tl_now());
   return last;
 }
+#define DY_TL_MARK(m) do { \
+  if (threadIdx.x == 0) atomicMax(&dy_timeline[dy_tl_k][4 + (m)], dy_tl_now()); } while (0)
 """
+MARKS = 4  # DY_TL_MARK(0..3)
 
 
 def _blank_comments(text):
@@ -139,9 +147,10 @@ def instrument(kernel_dir, dst):
 
 def summarise(stamps, names):
     """Per-kernel medians (us) over calls from ``stamps``, a list of one uint64 array
-    [len(names) + 1, 4] per call (instrument's layout): rows {"kernel", "start", "gap",
-    "pass", "wait", "tail", "total"} in launch order, None where a kernel has no election
-    (and "gap" of the first).  A kernel counts when it ran in every call; each call's
+    [len(names) + 1, 4 + MARKS] per call (instrument's layout): rows {"kernel", "start",
+    "gap", "pass", "wait", "tail", "total", "marks"} in launch order, None where a kernel
+    has no election (and "gap" of the first); "marks" {m: time from the kernel's start}
+    of the marks passed in every call.  A kernel counts when it ran in every call; each call's
     times are from its first kernel start."""
     never = np.iinfo(np.uint64).max
     ran = [i for i in range(len(names)) if all(s[i][0] != never for s in stamps)]
@@ -163,6 +172,8 @@ def summarise(stamps, names):
             row["pass"] = med([p - b for b, p in zip(st, pa)])
             row["wait"] = med([e - p for p, e in zip(pa, el)])
             row["tail"] = med([e - x for x, e in zip(el, en)])
+        row["marks"] = {m: med([x - b for b, x in zip(st, rel(i, 4 + m))])
+                        for m in range(MARKS) if all(s[i][4 + m] for s in stamps)}
         rows.append((row, st, en))
     rows.sort(key=lambda r: r[0]["start"])
     for (_, _, prev_end), (row, st, _) in zip(rows, rows[1:]):
@@ -173,10 +184,12 @@ def summarise(stamps, names):
 def markdown(rows):
     """The rows of ``summarise`` as a Markdown table."""
     cols = ("start", "gap", "pass", "wait", "tail", "total")
-    lines = ["| kernel | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
+    lines = ["| kernel | " + " | ".join(cols) + " | marks |",
+             "|---" + "|---:" * len(cols) + "|---|"]
     for r in rows:
+        marks = ", ".join(f"{m}: {t:.2f}" for m, t in sorted(r["marks"].items()))
         lines.append(f"| `{r['kernel']}` | " + " | ".join(
-            "-" if r[c] is None else f"{r[c]:.2f}" for c in cols) + " |")
+            "-" if r[c] is None else f"{r[c]:.2f}" for c in cols) + f" | {marks or '-'} |")
     return "\n".join(lines)
 
 
@@ -227,7 +240,7 @@ def main(argv=None):
         mod = runtime.compile_module(kdir, runtime.include_dir())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    stamps = cupy.ndarray((len(names) + 1, 4), cupy.uint64, mod.get_global(ARRAY))
+    stamps = cupy.ndarray((len(names) + 1, 4 + MARKS), cupy.uint64, mod.get_global(ARRAY))
     own = {n: runtime.kernel(n) for n in names}
     timed = {n: runtime.launcher(mod, n) for n in names}
 

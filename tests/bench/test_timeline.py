@@ -38,6 +38,9 @@ def test_every_kernel_stamps_and_the_sources_are_untouched(tmp_path):
     assert "DC_FN bool dc_elect_last_impl(" in common
     assert "DC_FN bool dc_elect_last(" not in common
     assert "#define dc_elect_last(...)" in common
+    assert "#ifndef DY_TL_MARK" in common  # the instrumented definition comes first
+    assert out["kernels.cu"].index("#define DY_TL_MARK(m)") < \
+        out["kernels.cu"].index('#include "common.cuh"')
     assert common.index("#define dc_elect_last(...)") > common.index("dc_elect_last_impl(")
 
 
@@ -84,19 +87,19 @@ def test_folders_it_cannot_instrument(tmp_path, files, why):
 
 def _call(rows):
     """One call's stamps for three kernels (the last row: the sink), us -> ns."""
-    a = np.zeros((4, 4), np.uint64)
+    a = np.zeros((4, 4 + timeline.MARKS), np.uint64)
     a[:, 0] = NEVER
     for i, r in rows.items():
-        a[i] = [int(x * 1000) for x in r]
+        a[i, :len(r)] = [int(x * 1000) for x in r]
     return a
 
 
 def test_summarise_medians_in_launch_order():
     t = 5_000  # the calls' clocks differ: each is read from its own first start
-    calls = [_call({1: (t, t + 10, t + 11, t + 20), 0: (t + 25, 0, 0, t + 30)}),
-             _call({1: (2 * t, 2 * t + 12, 2 * t + 14, 2 * t + 24),
+    calls = [_call({1: (t, t + 10, t + 11, t + 20, 0, t + 15), 0: (t + 25, 0, 0, t + 30)}),
+             _call({1: (2 * t, 2 * t + 12, 2 * t + 14, 2 * t + 24, 0, 2 * t + 18),
                     0: (2 * t + 27, 0, 0, 2 * t + 33)}),
-             _call({1: (3 * t, 3 * t + 14, 3 * t + 15, 3 * t + 22),
+             _call({1: (3 * t, 3 * t + 14, 3 * t + 15, 3 * t + 22, 3 * t + 1, 3 * t + 16),
                     0: (3 * t + 26, 0, 0, 3 * t + 36)})]
     rows = timeline.summarise(calls, ["b", "a", "never"])
     assert [r["kernel"] for r in rows] == ["a", "b"]  # "never" ran in no call
@@ -105,9 +108,10 @@ def test_summarise_medians_in_launch_order():
         (0.0, None, 12.0, 1.0, 9.0, 22.0)
     assert (b["start"], b["gap"], b["pass"], b["wait"], b["tail"], b["total"]) == \
         (26.0, 4.0, None, None, None, 6.0)
+    assert a["marks"] == {1: 16.0} and b["marks"] == {}  # mark 0 was missed in two calls
     md = timeline.markdown(rows)
-    assert "| `a` | 0.00 | - | 12.00 | 1.00 | 9.00 | 22.00 |" in md
-    assert "| `b` | 26.00 | 4.00 | - | - | - | 6.00 |" in md
+    assert "| `a` | 0.00 | - | 12.00 | 1.00 | 9.00 | 22.00 | 1: 16.00 |" in md
+    assert "| `b` | 26.00 | 4.00 | - | - | - | 6.00 | - |" in md
     assert timeline.summarise([_call({})], ["x", "y", "z"]) == []
 
 

@@ -143,6 +143,13 @@ struct DcShared {
  * atomic releases them (the fence is cumulative) and, in the last block, after the
  * atomic acquires the other blocks': the pattern of cooperative groups' grid sync, one
  * fence per block instead of a __threadfence in every thread.  flag: a shared int. */
+/* Phase m (0..3) of a kernel's body reached: nothing in this build.  The instrumented
+ * copy of python -m dyadic.bench timeline defines it first, to stamp the time thread 0
+ * of a block passes it (the latest over the blocks). */
+#ifndef DY_TL_MARK
+#define DY_TL_MARK(m)
+#endif
+
 template <class C>  /* u32 or u64 counters */
 DC_FN bool dc_elect_last(C* counter, C n, int* flag) {
   __syncthreads();

@@ -477,6 +477,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   u64* tw = lg_tab_w(tr);
   u64* tkey = lg_tab_key(tr);
   u16* tbk = lg_tab_bucket(tr);
+  DY_TL_MARK(0);  /* the record written: the value table next */
   const LgTab et = lg_load_table(stab);
   for (int j = tid; j < LG_TE; j += 256) {
     const LgEl e = lg_el_of(row, zmax, lg_slot_bits(j, e0), et);
@@ -569,6 +570,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
       else lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
     });
   __syncthreads();
+  DY_TL_MARK(0);  /* the tile's tokens counted */
   if (table) {  /* each value present: count x W into its bucket */
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
@@ -598,11 +600,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   }
   u32* gc = hcnt + (i64)r * LG_NB;
   u64* gm = hmass + (i64)r * LG_NB;
+  DY_TL_MARK(1);  /* the table values entered: the histogram's merge next */
   for (int j = tid; j < LG_NB; j += 256)  /* a survivor has W > 0: mass 0 iff none */
     if (sm[j]) { if (counts) atomicAdd(&gc[j], sc[j]); atomicAdd(&gm[j], sm[j]); }
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = __ldcg(&gc[j]); sm[j] = __ldcg(&gm[j]); }
   __syncthreads();
+  DY_TL_MARK(2);  /* the last block holds the row's histogram */
   u64 c = 0, m = 0;
   for (int j = tid * 8; j < tid * 8 + 8; ++j) { c += sc[j]; m += sm[j]; }
   u64 nsurv, ts;
@@ -825,6 +829,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
     lg_sort(s64, s32, (int)n);
   }
   __syncthreads();
+  DY_TL_MARK(0);  /* the candidates loaded and sorted */
   if (tid == 0) cand_n[r] = 0;
   /* candidate j's mass (sorted order) as a list for lg_find: W from its key */
   if (fits) {
@@ -832,6 +837,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_resolve(
       smass[j] = j < (int)n ? dy_weight_from_gap(c.zmax - dy_key_value(s64[j])) : 0;
     __syncthreads();
   }
+  DY_TL_MARK(1);  /* the candidates' masses */
   LgPick pk;
   /* the pick by count (top-k) or mass (top-p) inside the bucket */
   auto pick = [&](bool bym, u64 target) {
@@ -1133,6 +1139,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     }
   }
   __syncthreads();
+  DY_TL_MARK(0);  /* the tile drawn */
   int j = -1;
   if (sok) {
     /* the drawn tile's logits loaded once into shared memory (every thread's loads in
@@ -1142,10 +1149,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     const bool held = h2 - l2 <= LG_RTILE;
     if (held) lg_tile(r.row, l2, h2, [&](int v, u32 xb) { sb.bits[v - l2] = xb; });
     __syncthreads();
+    DY_TL_MARK(1);  /* the tile's logits in shared memory */
     j = block_draw([&](int v) {
                      return lg_res_weight(sr, v, held ? sb.bits[v - l2] : lg_bits(r.row, v));
                    }, h2, [&](dy_u128, dy_u128*) { return false; }, sh, l2, false, sx);
   }
+  DY_TL_MARK(2);  /* the token drawn */
   if (tid == 0) {
     if (j < 0) {
       status[b] = DY_ST_RNG_EXHAUSTED; accepted[b] = 0;
