@@ -479,17 +479,25 @@ def selects(entry, name):
     return bool(entry) and entry in name
 
 
-def main(argv=None):
-    a = parse(argv)
+def cannot_run(prog):
+    """Why ``python -m dyadic.bench PROG`` cannot time this tree in this process (no CUDA
+    GPU or no "cuda" backend; dyadic modules loaded from outside the imported package),
+    or None."""
     if not torch.cuda.is_available() or "cuda" not in dyadic.available_backends():
-        print("dyadic.bench gpu: needs a CUDA GPU and dyadic's \"cuda\" backend",
-              file=sys.stderr)
-        return 2
+        return f"dyadic.bench {prog}: needs a CUDA GPU and dyadic's \"cuda\" backend"
     mixed = outside_modules()  # the backends are loaded now
     if mixed:
-        print("dyadic.bench gpu: dyadic modules loaded from outside the imported dyadic "
-              "package (install the tree to time, e.g. pip install --no-deps --target DIR):\n  "
-              + "\n  ".join(mixed), file=sys.stderr)
+        return (f"dyadic.bench {prog}: dyadic modules loaded from outside the imported "
+                "dyadic package (install the tree to time, e.g. pip install --no-deps "
+                "--target DIR):\n  " + "\n  ".join(mixed))
+    return None
+
+
+def main(argv=None):
+    a = parse(argv)
+    why = cannot_run("gpu")
+    if why:
+        print(why, file=sys.stderr)
         return 2
     rows = []
     for B in a.batch:

@@ -142,28 +142,16 @@ def parse(argv=None):
 
 def main(argv=None):
     a = parse(argv)
-    import dyadic
     try:
         kdir, idir = tree_dirs(a.old)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available() or "cuda" not in dyadic.available_backends():
-        print("dyadic.bench kernel-ab: needs a CUDA GPU and dyadic's \"cuda\" backend",
-              file=sys.stderr)
+    why = gpu.cannot_run("kernel-ab")
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    mixed = gpu.outside_modules()
-    if mixed:
-        print("dyadic.bench kernel-ab: dyadic modules loaded from outside the imported dyadic "
-              "package:\n  " + "\n  ".join(mixed), file=sys.stderr)
-        return 2
-    from dyadic import _device
-    from dyadic.backends.cuda.cupy import plans, runtime
-
-    def install(launchers):  # the launchers, and plans made afresh with them
-        runtime.replace_kernels(launchers)
-        plans.PLANS.clear()
-        _device._CALLS.clear()
+    from dyadic.backends.cuda.cupy import runtime
 
     old_mod = runtime.compile_module(kdir, idir)
     old_sigs, new_sigs = signatures(kdir), signatures(runtime.KERNEL_DIR)
@@ -189,15 +177,15 @@ def main(argv=None):
             for r in range(a.rounds):
                 results = {}
                 for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                    install({n: (old_launchers if side == "old" else new_launchers)[n]
-                             for n in swap})
+                    launchers = old_launchers if side == "old" else new_launchers
+                    runtime.replace_kernels({n: launchers[n] for n in swap})
                     try:
                         fn = case.make()
                         metrics = with_sum(gpu.kernel_us(fn, a.reps))
                         results[side] = fn()
                         torch.cuda.synchronize()
                     finally:
-                        install(new_launchers)
+                        runtime.replace_kernels(new_launchers)
                     runs[side][r].append({"label": f"{side}{r + 1}", "B": B, "case": case.name,
                                           **metrics})
                 if not same_outputs(results["old"], results["new"]):

@@ -29,7 +29,8 @@ A kernel without an election has only start, gap, total and its marks; a kernel 
 than once in one call spans its first start to its last end.  The stamps cost a few
 atomics per block, so totals read a little above ``gpu --kernels``; compare timelines
 with each other, not with that table.  Eager calls, so the gaps are eager launch gaps
-(a CUDA graph shortens them).  Writes DIR/timeline.json.  Exits 2 without a CUDA GPU.
+(a CUDA graph shortens them).  Writes DIR/timeline.json.  Exits 2 when it cannot run
+(no CUDA GPU, or dyadic modules loaded from outside the imported package).
 """
 
 import argparse
@@ -224,14 +225,12 @@ def calls_of(fn):
 def main(argv=None):
     a = parse(argv)
     import torch
-    import dyadic
     from . import gpu
-    if not torch.cuda.is_available() or "cuda" not in dyadic.available_backends():
-        print("dyadic.bench timeline: needs a CUDA GPU and dyadic's \"cuda\" backend",
-              file=sys.stderr)
+    why = gpu.cannot_run("timeline")
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    from dyadic import _device
-    from dyadic.backends.cuda.cupy import plans, runtime
+    from dyadic.backends.cuda.cupy import runtime
     import cupy
     work = tempfile.mkdtemp(prefix="dyadic-timeline-")
     try:
@@ -243,11 +242,6 @@ def main(argv=None):
     stamps = cupy.ndarray((len(names) + 1, 4 + MARKS), cupy.uint64, mod.get_global(ARRAY))
     own = {n: runtime.kernel(n) for n in names}
     timed = {n: runtime.launcher(mod, n) for n in names}
-
-    def install(launchers):
-        runtime.replace_kernels(launchers)
-        plans.PLANS.clear()
-        _device._CALLS.clear()
 
     results = []
     for B in a.batch:
@@ -261,7 +255,7 @@ def main(argv=None):
                 print(f"B={B} {case.name}: its invocation makes {fn.calls} calls and has no "
                       "step of one call; not timed", file=sys.stderr)
                 continue
-            install(timed)
+            runtime.replace_kernels(timed)
             try:
                 fn()  # plans, compiles and first-touch allocations outside the timing
                 per_call = []
@@ -270,11 +264,10 @@ def main(argv=None):
                     stamps[:, 1:] = np.uint64(0)
                     cupy.cuda.Device().synchronize()
                     steps[j % len(steps)]()
-                    cupy.cuda.Device().synchronize()
-                    torch.cuda.synchronize()
+                    cupy.cuda.Device().synchronize()  # every stream of the device
                     per_call.append(stamps.get())
             finally:
-                install(own)
+                runtime.replace_kernels(own)
             rows = summarise(per_call, names)
             results.append({"B": B, "case": case.name, "calls": a.calls, "kernels": rows})
             print(f"\nB={B} {case.name} ({a.calls} calls, medians, us)\n" + markdown(rows),

@@ -142,12 +142,17 @@ def launcher(mod, name):
 
 def replace_kernels(launchers):
     """Makes ``launchers`` ({name: launch.Kernel}) the launchers of those kernels on the
-    current device.  Plans keep the launchers they were made with: clear plans.PLANS and
-    dyadic._device._CALLS before the next call.  For dyadic.bench kernel-ab, which times
-    another source tree's kernels under this tree's plans."""
+    current device, and drops every plan made so far (plans.PLANS, dyadic._device._CALLS:
+    a plan keeps the launchers it was made with), so the next call plans with them.  For
+    dyadic.bench kernel-ab and timeline, which time other kernels under this tree's
+    plans."""
+    from ...._device import _CALLS
+    from .plans import PLANS
     dev = device_id()
     for name, fn in launchers.items():
         _KERNELS[(dev, name)] = fn
+    PLANS.clear()
+    _CALLS.clear()
 
 
 def scratch(name, nbytes):
