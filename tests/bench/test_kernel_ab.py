@@ -111,3 +111,15 @@ def test_errors_before_any_gpu_work(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert bench_main(["kernel-ab", ROOT]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_replacing_launchers_drops_the_plans(monkeypatch):
+    from dyadic import _device
+    from dyadic.backends.cuda.cupy import plans
+    monkeypatch.setattr(runtime, "device_id", lambda: 0)
+    monkeypatch.setattr(runtime, "_KERNELS", {(0, "a"): "old a", (0, "b"): "old b"})
+    monkeypatch.setattr(plans, "PLANS", {"plan": "made with old a"})
+    monkeypatch.setattr(_device, "_CALLS", {"call": "made with old a"})
+    runtime.replace_kernels({"a": "new a"})
+    assert runtime._KERNELS == {(0, "a"): "new a", (0, "b"): "old b"}
+    assert plans.PLANS == {} and _device._CALLS == {}

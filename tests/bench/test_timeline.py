@@ -138,6 +138,14 @@ def test_steps_of_the_cases(monkeypatch):
     assert timeline.calls_of(one) is None
 
 
+def test_without_a_gpu_it_says_why(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    from dyadic.bench.__main__ import main as bench_main
+    assert bench_main(["timeline", "--calls", "1"]) == 2
+    assert "dyadic.bench timeline: needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_cli_arguments():
     with pytest.raises(SystemExit):
         timeline.parse(["--calls", "0"])
