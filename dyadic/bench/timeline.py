@@ -84,9 +84,28 @@ def _blank_comments(text):
     return kernel_ab._COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def module_files(kernel_dir):
+    """The files of ``kernel_dir`` that make the module (runtime.compile_module):
+    kernels.cu and the files of the folder it includes, directly or through another of
+    them, sorted.  Other sources there (shard.cu: its own module) are not part of it."""
+    seen, todo = set(), ["kernels.cu"]
+    while todo:
+        name = todo.pop()
+        path = os.path.join(kernel_dir, name)
+        if name in seen or not os.path.isfile(path):
+            continue
+        seen.add(name)
+        with open(path) as f:
+            todo.extend(_INCLUDE.findall(_blank_comments(f.read())))
+    return sorted(seen)
+
+
 def instrument(kernel_dir, dst):
     """Copies the kernel folder ``kernel_dir`` to ``dst`` (which must not exist) with every
-    ``extern "C" __global__`` kernel stamping the timeline (DY_TL_BEGIN first in its body)
+    ``extern "C" __global__`` kernel of the module (``module_files``) stamping the timeline (DY_TL_BEGIN first in its body)
     and ``dc_elect_last`` (common.cuh) stamping its pass end and election.  Returns the
     kernel names in the order of their rows of ``dy_timeline`` (declared first in
     kernels.cu).  ValueError when the folder has no kernels.cu, no kernel or no
@@ -96,9 +115,7 @@ def instrument(kernel_dir, dst):
     shutil.copytree(kernel_dir, dst)
     names = []
     edits = {}
-    for fname in sorted(os.listdir(dst)):
-        if not fname.endswith((".cu", ".cuh")):
-            continue
+    for fname in module_files(dst):
         path = os.path.join(dst, fname)
         with open(path) as f:
             text = f.read()

@@ -24,7 +24,12 @@ def test_every_kernel_stamps_and_the_sources_are_untouched(tmp_path):
     before = _read_all(runtime.KERNEL_DIR)
     names = timeline.instrument(runtime.KERNEL_DIR, str(tmp_path / "k"))
     assert _read_all(runtime.KERNEL_DIR) == before
-    assert sorted(names) == sorted(kernel_ab.signatures(runtime.KERNEL_DIR))
+    every = kernel_ab.signatures(runtime.KERNEL_DIR)
+    shard_src = open(os.path.join(runtime.KERNEL_DIR, "shard.cu")).read()
+    shard = {m.group(1) for m in kernel_ab._KERNEL.finditer(shard_src)}
+    assert shard  # shard.cu is a module of its own: its kernels are not timed
+    assert sorted(names) == sorted(set(every) - shard)
+    assert out_of_module(tmp_path / "k", "shard.cu")
     assert "logits_hist" in names and len(set(names)) == len(names)
     out = _read_all(str(tmp_path / "k"))
     body = "".join(out.values())
@@ -42,6 +47,12 @@ def test_every_kernel_stamps_and_the_sources_are_untouched(tmp_path):
     assert out["kernels.cu"].index("#define DY_TL_MARK(m)") < \
         out["kernels.cu"].index('#include "common.cuh"')
     assert common.index("#define dc_elect_last(...)") > common.index("dc_elect_last_impl(")
+
+
+def out_of_module(folder, name):
+    """True when ``name`` in ``folder`` was copied but not instrumented."""
+    text = (folder / name).read_text()
+    return "DY_TL_BEGIN" not in text and 'extern "C"' in text
 
 
 def _folder(tmp_path, files):
@@ -62,8 +73,14 @@ ELECT = ('template <class C>  /* a comment */\nDC_FN bool dc_elect_last(C* c, C 
 
 def test_a_small_folder(tmp_path):
     src = _folder(tmp_path, {"kernels.cu": '#include "common.cuh"\n#include "k.cuh"\n',
-                             "common.cuh": ELECT, "k.cuh": KERNEL})
-    assert timeline.instrument(src, str(tmp_path / "dst")) == ["one"]
+                             "common.cuh": ELECT, "k.cuh": '#include "k2.cuh"\n' + KERNEL,
+                             "k2.cuh": KERNEL.replace("one(", "three("),
+                             "other.cu": KERNEL.replace("one(", "four("),
+                             "unused.cuh": KERNEL.replace("one(", "five(")})
+    assert timeline.module_files(src) == ["common.cuh", "k.cuh", "k2.cuh", "kernels.cu"]
+    assert timeline.instrument(src, str(tmp_path / "dst")) == ["one", "three"]
+    assert out_of_module(tmp_path / "dst", "other.cu")
+    assert out_of_module(tmp_path / "dst", "unused.cuh")
     k = (tmp_path / "dst" / "k.cuh").read_text()
     assert "(int a, const int* (b)) { DY_TL_BEGIN(0)\n  if (a) return;" in k
     assert "ghost(int a) { } */" in k and "two(int a);  /*" in k
@@ -75,9 +92,11 @@ def test_a_small_folder(tmp_path):
 @pytest.mark.parametrize("files, why", [
     ({"common.cuh": ELECT, "k.cuh": KERNEL}, "no kernels.cu"),
     ({"kernels.cu": "", "common.cuh": ELECT}, "no extern"),
-    ({"kernels.cu": "", "k.cuh": KERNEL}, "no dc_elect_last definition"),
-    ({"kernels.cu": "", "common.cuh": "DC_FN bool dc_elect_last(int a) { }", "k.cuh": KERNEL},
-     "does not end"),
+    ({"kernels.cu": '#include "common.cuh"\n', "common.cuh": KERNEL},
+     "no dc_elect_last definition"),
+    ({"kernels.cu": '#include "k.cuh"\n', "common.cuh": "DC_FN bool dc_elect_last(int a) { }",
+      "k.cuh": KERNEL}, "does not end"),
+    ({"kernels.cu": "", "common.cuh": ELECT, "k.cuh": KERNEL}, "no extern"),
 ])
 def test_folders_it_cannot_instrument(tmp_path, files, why):
     src = _folder(tmp_path, files)
