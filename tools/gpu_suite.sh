@@ -2,7 +2,7 @@
 # The GPU parity suites and the GPU benchmark in one command (run on the GPU machine).
 #   tools/gpu_suite.sh                  logs to $OUT/log.txt (default OUT=./gpu-out)
 # STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench;
-# shard, ab, kab and timeline run only when named):
+# shard, ab, kab, timeline and ncu run only when named):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
 #           ids, streams, graph capture) and the host-side tests that touch the device path
@@ -27,6 +27,9 @@
 #   kab     python -m dyadic.bench kernel-ab $KAB_OLD: the kernels of the source tree KAB_OLD
 #           against this tree's, alternating in one process under this tree's plans
 #           (KAB_ROUNDS rounds of KAB_REPS profiled invocations; CASES and BATCH as bench)
+#   ncu     Nsight Compute (SOL, occupancy, launch, warp states, memory) of the kernels
+#           matching NCU_KERNELS (regex, default logits_) in one call of each NCU_CASES case
+#           (tools/run_case.py; BATCH as bench, default 1,64) into $OUT/ncu.txt
 #   timeline  python -m dyadic.bench timeline: each kernel's pass and last-block tail in a
 #           call, from %globaltimer stamps of an instrumented copy of the kernels (TL_CASES,
 #           default the verify-from-logits case; BATCH as bench)
@@ -150,6 +153,18 @@ PY
       --cases "${TL_CASES:-=verify_k5_logits_dense_lazy_close_cold}" --out "$OUT" \
       2>&1 | tee "$OUT/timeline.md" | tail -${TAIL:-60}
   echo "timeline exit: $?"
+  fi
+  if has ncu; then stamp "ncu"
+  # Nsight Compute over the timed calls of tools/run_case.py (clocks left as they are)
+  timeout ${NCU_T:-300} ncu --clock-control none --nvtx --nvtx-include "timed/" \
+      --kernel-name "regex:${NCU_KERNELS:-logits_}" \
+      --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis \
+      python3 tools/run_case.py --batch ${BATCH:-1,64} \
+      --cases "${NCU_CASES:-=verify_k5_logits_dense_lazy_close_cold}" \
+      > "$OUT/ncu.txt" 2>&1
+  echo "ncu exit: $?"
+  grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Compute \(SM\) Throughput|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | tail -${TAIL:-200}
   fi
   stamp done
 } 2>&1 | tee "$LOG"

@@ -330,6 +330,32 @@ def test_extreme_scales_and_cut_values(cuda, dtype):
               on_device={"params", "keys"})
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_residual_tiles_with_many_kept_tokens(cuda, dtype):
+    """B=64 at V=129280 (the residual's largest tiles, 8192 tokens): near-flat rows (T = 50)
+    cut by top_k 1000 / 30000 / 100000 and by top_p 0.999, so a tile holds from tens to
+    thousands of kept tokens (above half the tile: more than its draw lists), ties at the
+    cut value; q from 3 z + 0.5 noise at T = 1 (peaked), so drafts are mostly rejected and
+    the residual rows have thousands of positive terms.  cuda equals cpu bit for bit, dense
+    and point-mass q."""
+    torch = cuda
+    rng = np.random.default_rng(311 + len(dtype))
+    b, k, v = 64, 2, V_REAL
+    x = (3 * rng.standard_normal((b, k + 1, v))).astype(np.float32)
+    tk = np.array([1000, 30000, 100000, 0] * (b // 4), dtype=np.int64)
+    params = {"temperature": np.full(b, 50.0), "top_k": tk,
+              "top_p": np.where(tk == 0, 0.999, 1.0).astype(np.float32),
+              "min_p": np.zeros(b, dtype=np.float32)}
+    for qkind, check in (("dense", False), ("point", "lazy")):
+        q, draft = _q_draft(rng, x, k, qkind)
+        if qkind == "point":  # every draft the argmax: the flat rows accept some of them
+            draft = np.argmax(x[:, :k], axis=2).astype(np.int32)
+        _, want = _both(torch, x, dtype, draft, q, _keys(rng, b), params, check,
+                        on_device={"params", "keys"})
+        assert not _np(want.status).any()
+        assert (_np(want.accepted) < k).sum() >= b // 2  # residual rows
+
+
 def _tied_at_boundary(row, top_p):
     """How many tokens share the value at which a row's top-p prefix ends (T = 1; from
     float64 weights: the test's premise, not the rule)."""

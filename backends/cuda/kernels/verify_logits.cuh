@@ -1014,6 +1014,36 @@ static __device__ __noinline__ dy_u128 lg_res_term_call(const LgRes& r, int v, u
   return lg_res_term(r, v, xb, pcol, dense, spc);
 }
 
+/* The offsets a < n of the float32 bits held in bits[] whose dc_fkey is at least low, in
+ * ascending order, into ord[0..count) when count <= cap: returns count, else -1 (ord
+ * untouched).  A warp lists a contiguous segment 32 offsets at a time (ballots), after the
+ * block's count per warp.  Every thread of the block calls it. */
+DC_FN int lg_list_at_or_above(const u32* bits, int n, u32 low, u16* ord, int cap) {
+  __shared__ int wcnt[32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int seg = (n + nw - 1) / nw, s0 = min(n, wid * seg), s1 = min(n, s0 + seg);
+  int c = 0;
+  for (int a0 = s0; a0 < s1; a0 += 32) {
+    const int a = a0 + lane;
+    c += __popc(__ballot_sync(0xffffffffu, a < s1 && dc_fkey(bits[a]) >= low));
+  }
+  if (lane == 0) wcnt[wid] = c;
+  __syncthreads();
+  int base = 0, tot = 0;
+  for (int w = 0; w < nw; ++w) { base += w < wid ? wcnt[w] : 0; tot += wcnt[w]; }
+  if (tot <= cap) {
+    for (int a0 = s0; a0 < s1; a0 += 32) {
+      const int a = a0 + lane;
+      const bool in = a < s1 && dc_fkey(bits[a]) >= low;
+      const unsigned bal = __ballot_sync(0xffffffffu, in);
+      if (in) ord[base + __popc(bal & ((1u << lane) - 1u))] = (u16)a;
+      base += __popc(bal);
+    }
+  }
+  __syncthreads();
+  return tot <= cap ? tot : -1;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nrt,
@@ -1071,14 +1101,33 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   if (pcol) lg_load_pcol(r.row, r.c, spc);
   dy_u128 s = dy_make128(0, 0);
   /* a token below r.low has P = 0: no residual, no bonus mass */
-  if (dt == 0)  /* float32: one loop, the token's work inline */
+  if (!pcol && hi - lo <= LG_RTILE) {
+    /* a cut row: the tokens at or above r.low (few, scattered over the tile) are listed
+     * first, by their offsets in the tile (sb is free: the P column is only for a row
+     * without a cut), then their terms are computed by the block's threads together, so
+     * that no warp runs the term one lane at a time; the sum is the same integer */
+    u16* const lst = (u16*)sb.bits;
+    __shared__ u32 s_nl;
+    if (tid == 0) s_nl = 0;
+    __syncthreads();
+    lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
+      if (dc_fkey(xb) >= r.low) lst[atomicAdd(&s_nl, 1u)] = (u16)(v - lo);
+    });
+    __syncthreads();
+    const int nl = (int)s_nl;
+    for (int j = tid; j < nl; j += blockDim.x) {
+      const int v = lo + lst[j];
+      s = dy_add128(s, lg_res_term_call(sr, v, lg_bits(r.row, v), false, dense, spc));
+    }
+  } else if (dt == 0) {  /* float32: one loop, the token's work inline */
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term(r, v, xb, pcol, dense, spc));
     });
-  else
+  } else {
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term_call(sr, v, xb, pcol, dense, spc));
     });
+  }
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
     if (!r.qcr) {
       if (tid == 0 && r.d >= lo && r.d < hi) {
@@ -1150,9 +1199,21 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     if (held) lg_tile(r.row, l2, h2, [&](int v, u32 xb) { sb.bits[v - l2] = xb; });
     __syncthreads();
     DY_TL_MARK(1);  /* the tile's logits in shared memory */
-    j = block_draw([&](int v) {
-                     return lg_res_weight(sr, v, held ? sb.bits[v - l2] : lg_bits(r.row, v));
-                   }, h2, [&](dy_u128, dy_u128*) { return false; }, sh, l2, false, sx);
+    /* a cut row: the draw runs over the list of the tile's tokens at or above r.low in
+     * ascending id (the others have R = 0, and a draw never stops at a token of weight 0:
+     * the same token), the list in stab (free: the exponential's table is only for a row
+     * without a cut), when it fits */
+    u16* const ord = (u16*)stab;
+    constexpr int ORD_CAP = (int)(sizeof(stab) / sizeof(u16));
+    int nl = -1;
+    if (held && !pcol) nl = lg_list_at_or_above(sb.bits, h2 - l2, r.low, ord, ORD_CAP);
+    const bool listed = nl >= 0;
+    j = block_draw([&](int a) {
+                     if (listed) return lg_res_weight_call(sr, l2 + ord[a], sb.bits[ord[a]]);
+                     return lg_res_weight(sr, a, held ? sb.bits[a - l2] : lg_bits(r.row, a));
+                   }, listed ? nl : h2, [&](dy_u128, dy_u128*) { return false; }, sh,
+                   listed ? 0 : l2, false, sx);
+    if (listed && j >= 0) j = l2 + ord[j];
   }
   DY_TL_MARK(2);  /* the token drawn */
   if (tid == 0) {

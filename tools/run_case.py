@@ -1,0 +1,53 @@
+"""Run cases of ``python -m dyadic.bench gpu`` a few times, nothing else: the program a
+profiler (gpu_suite.sh's ``ncu`` stage) wraps.
+
+    python tools/run_case.py --batch 1,64 --cases =verify_k5_logits_dense_lazy_close_cold \
+                             [--warm 2] [--calls 1]
+
+Per batch size and case: ``--warm`` calls (a cold case's one-call steps in turn), then a CUDA sync and an NVTX range
+"timed" around ``--calls`` calls (profile with ``--nvtx --nvtx-include timed/``), then a
+sync."""
+
+import argparse
+import sys
+
+import torch
+
+from dyadic.bench import gpu
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", default="64")
+    p.add_argument("--cases", default="=verify_k5_logits_dense_lazy_close_cold")
+    p.add_argument("--warm", type=int, default=2)
+    p.add_argument("--calls", type=int, default=1)
+    a = p.parse_args(argv)
+    why = gpu.cannot_run("run_case")
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    ran = 0
+    for B in (int(b) for b in a.batch.split(",")):
+        inp = gpu.Inputs(B)
+        for case in gpu.cases(inp):
+            if not any(gpu.selects(c, case.name) for c in a.cases.split(",")):
+                continue
+            fn = case.make()
+            one = fn.step if getattr(fn, "step", None) else (lambda j: fn())
+            for j in range(a.warm):
+                one(j % getattr(fn, "calls", 1))
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("timed")
+            for j in range(a.calls):
+                one((a.warm + j) % getattr(fn, "calls", 1))
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+            print(f"B={B} {case.name}: {a.calls} calls", flush=True)
+            ran += 1
+        del inp
+    return 0 if ran else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
