@@ -47,11 +47,11 @@ def test_signatures_read_parameter_lists(tmp_path):
 def test_every_kernel_of_a_route_has_a_signature():
     sigs = kernel_ab.signatures(runtime.KERNEL_DIR)
     shapes = [("verify", dict(batch=b, v=129280, nsm=132, k1=6, greedy=False, lazy=True,
-                              logits=True)) for b in (1, 64)]
+                              logits=True, bf16=True)) for b in (1, 64)]
     shapes += [("verify", dict(batch=4, v=129280, nsm=132, k1=6, greedy=g, lazy=lz))
                for g in (False, True) for lz in (False, True)]
     shapes += [("propose", dict(batch=4, v=129280, nsm=132, top_k=tk, x16=True, bias=False,
-                                aligned=True, filtered=f))
+                                aligned=True, filtered=f, bf16=True))
                for tk in (32, None) for f in (False, True)]
     for primitive, shape in shapes:
         for name in routes.kernel_names(primitive, **shape):

@@ -56,6 +56,9 @@ ROUTES = [
     ("allocate", dict(batch=6, v=V, top_k=None, filtered=True, logits=True),
      ("logits_max", "logits_hist", "logits_resolve", "filter_mask", "dense_max", "dense_sum",
       "dense_floor", "dense_mark", "filter_status")),
+    ("propose", dict(batch=64, v=V, top_k=None, filtered=True, bf16=True),
+     ("logits_max", "logits_table", "logits_hist", "logits_resolve", "filter_mask",
+      "dense_max", "dense_sum", "dense_floor", "dense_mark", "draw_rows", "filter_status")),
     ("draw", dict(batch=8, v=V), ("draw_rows",)),
     # tests/gpu/test_gpu_verify_one_launch.py
     ("verify", dict(batch=1, v=V, k1=6), ("verify_one_launch",)),
@@ -86,6 +89,17 @@ ROUTES = [
      ("logits_max", "logits_hist", "logits_resolve", "logits_resolve", "logits_chain",
       "logits_residual")),
     ("verify", dict(batch=64, v=V, k1=6, lazy=True, logits=True, top_k=False),
+     ("logits_max", "logits_hist", "logits_resolve", "logits_chain", "logits_residual")),
+    # bfloat16 logits: the value tables in logits_table over at most 128 rows, else in
+    # logits_max (test_gpu_verify_logits.py: test_real_vocabulary_bf16 at 24 rows,
+    # test_residual_tiles_with_many_kept_tokens at 192)
+    ("verify", dict(batch=4, v=V, k1=6, logits=True, bf16=True, top_k=False),
+     ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_chain",
+      "logits_residual")),
+    ("verify", dict(batch=64, v=V, k1=2, logits=True, bf16=True),
+     ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_resolve",
+      "logits_chain", "logits_residual")),
+    ("verify", dict(batch=22, v=V, k1=6, logits=True, bf16=True, top_k=False),
      ("logits_max", "logits_hist", "logits_resolve", "logits_chain", "logits_residual")),
 ]
 

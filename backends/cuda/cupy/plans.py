@@ -207,6 +207,9 @@ class Dense:
             go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec, 0, 0, 0, stream)
 
 
+LG_TE = 4096  # value-table entries of a row (verify_logits.cuh)
+
+
 def _logits_rows_bufs(rows, nt, x_code):
     """The scratch of logits_max / logits_hist / logits_resolve over ``rows`` rows of
     ``nt`` tiles (shared by name with every plan that runs them): part_key, part_id,
@@ -224,18 +227,24 @@ def _logits_rows_bufs(rows, nt, x_code):
             runtime.scratch("lg_vtab", vtab))
 
 
-def _logits_rows_steps(head, grid, tile, nt, bufs, names, resolves):
-    """The launches of logits_max, logits_hist and ``resolves`` x logits_resolve over the
-    rows of ``grid`` (``head``: the kernels' leading words; ``bufs``: _logits_rows_bufs,
+def _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names, resolves):
+    """The launches of logits_max, logits_table (routes.logits_table_launched),
+    logits_hist and ``resolves`` x logits_resolve over ``rows`` rows of logits of dtype
+    code ``x_code`` (``head``: the kernels' leading words; ``bufs``: _logits_rows_bufs,
     then the plan's other buffers, all kept alive by the first launch)."""
     pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, tab = _ptrs(bufs[:11])
+    grid = routes.rgrid(nt, rows)
     tail = (I32[nt], np.int32(tile))
     resolve = _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
         rec, cnt, hcnt, hmass, ckey, cid, cn, tab), names)
+    table = ()
+    if routes.logits_table_launched(rows, int(x_code) == 2):
+        table = (_Launch(runtime.kernel("logits_table"), routes.rgrid(LG_TE // 256, rows),
+                         (256,), head + (rec, tab), names),)
     return (_Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
-                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),
+                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),) + table + (
             _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, tab), names)) + (resolve,) * resolves
+                rec, cnt, hcnt, hmass, tab), names),) + (resolve,) * resolves
 
 
 class DenseFiltered:
@@ -256,7 +265,8 @@ class DenseFiltered:
         head = (_VAR("x"), I32[int(x_code)], *params, NULL, NULL, I32[batch], I32[0], I32[v])
         grid = routes.rgrid(nt, batch)
         rec, tab = _ptrs(bufs[3:4] + bufs[10:11])
-        self.steps = _logits_rows_steps(head, grid, tile, nt, bufs, _ALLOC_PARAMS, 1) + (
+        self.steps = _logits_rows_steps(head, batch, x_code, tile, nt, bufs, _ALLOC_PARAMS,
+                                        1) + (
             _Launch(runtime.kernel("filter_mask"), grid, (256,), (
                 _VAR("x"), I32[int(x_code)], *params, I32[batch], I32[v], np.int32(tile), rec,
                 tab, self.xm), _ALLOC_PARAMS),)
@@ -427,7 +437,8 @@ class OneLaunchVerify(_OneKernelVerify):
 
 
 class LogitsVerify:
-    """verify(logits=True): logits_max, logits_hist, logits_resolve (twice; once when
+    """verify(logits=True): logits_max, logits_table (routes.logits_table_launched),
+    logits_hist, logits_resolve (twice; once when
     ``top_k`` is False: only a top-p cut in an earlier bucket than a top-k cut takes the
     second launch) over (tile, row) grids, then logits_chain (one block per request) and
     logits_residual (tile, request).  Per-call words: the target, the four parameter arrays (float64
@@ -448,17 +459,17 @@ class LogitsVerify:
         head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
                                                                  "g", "nd")),
                 I32[batch], I32[k], I32[v])
-        grid = routes.rgrid(nt, rows)
         q_in = (_VAR("d"), _VAR("qc"), _VAR("qi"), I32[w], *_KEYVARS, _KFMT)
         names = self.PARAMS
-        self.steps = _logits_rows_steps(head, grid, tile, nt, bufs, names, 2 if top_k else 1) + (
+        self.steps = _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names,
+                                        2 if top_k else 1) + (
             _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
                 rec, tab, res_row, *_VOUT), names),
             _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
                 I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT), names))
 
     def launch(self, t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st):
-        stream = launch.current_stream()  # read once for the six launches
+        stream = launch.current_stream()  # read once for the launches
         for step in self.steps:
             step.go(t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st, stream)
 

@@ -16,8 +16,8 @@ Routes (kernel names of backends/cuda/kernels/):
   per-row top_k the same kernels (their last block applies the filters).
 - dense allocate / propose: ``dense_max``, ``dense_sum``, ``dense_floor``,
   ``dense_mark`` (then ``draw_rows`` for propose).  With top_p / min_p (no bias):
-  ``logits_max``, ``logits_hist``, ``logits_resolve``, ``filter_mask``, the dense
-  kernels over the masked copy, ``filter_status``.
+  ``logits_max``, ``logits_table`` (as verify's), ``logits_hist``, ``logits_resolve``,
+  ``filter_mask``, the dense kernels over the masked copy, ``filter_status``.
 - draw: ``draw_rows``.
 - verify (check=False / True) without greedy requests: ``verify_one_launch`` where
   its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
@@ -25,7 +25,8 @@ Routes (kernel names of backends/cuda/kernels/):
 - verify, check="lazy", without greedy requests or num_drafts: ``verify_lazy`` (``verify_lazy_r64``
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
-- verify(logits=True), every check mode: ``logits_max``, ``logits_hist``,
+- verify(logits=True), every check mode: ``logits_max``, ``logits_table`` (bfloat16
+  logits over at most LOGITS_TABLE_ROWS rows), ``logits_hist``,
   ``logits_resolve`` (twice; once when the call gives no top_k), ``logits_chain``,
   ``logits_residual``.  A logits target is processed in full before any decision (its
   maximum, total and cuts depend on every token), so check="lazy" validates every row it
@@ -91,6 +92,11 @@ RESIDUAL_MAX_TILE = 8192
 #: request's rows fewer, longer tiles take less time) and of the residual row (~4 blocks
 #: per SM, at most LOGITS_RESIDUAL_MAX_TILE: its last block holds one tile in shared
 #: memory).
+#: verify(logits=True) and the filtered dense allocate / propose over bfloat16 logits: over
+#: at most LOGITS_TABLE_ROWS rows the rows' value tables are filled by ``logits_table``
+#: (an entry a thread, over every SM), over more by logits_max's tails (each table on one
+#: SM, the tails overlapping the other rows' passes).  LG_TABLE_ROWS of verify_logits.cuh.
+LOGITS_TABLE_ROWS = 128
 LOGITS_MAX_TILE = 32768  # < 65536: logits_hist counts a tile's tokens per value in 16 bits
 LOGITS_FEW_ROWS = 8
 LOGITS_FEW_ROWS_PER_SM = 4
@@ -245,13 +251,26 @@ def logits_tiles(v, batch, k1, nsm):
             tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE))
 
 
+def logits_table_launched(rows, bf16):
+    """Whether ``logits_table`` fills the value tables of ``rows`` rows of logits (bf16:
+    bfloat16 logits, the only ones with tables)."""
+    return bool(bf16) and rows <= LOGITS_TABLE_ROWS
+
+
+def logits_rows_kernels(rows, bf16):
+    """The kernels before logits_resolve over ``rows`` rows of logits."""
+    table = ("logits_table",) if logits_table_launched(rows, bf16) else ()
+    return ("logits_max",) + table + ("logits_hist",)
+
+
 def kernel_names(primitive, **shape):
     """The kernels a call launches, in order (the routing table): ``primitive`` one of
     "allocate", "propose", "draw", "verify"; ``shape``: batch, v, nsm and top_k, x16
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
-    min_p / a per-row top_k: only a dense support's kernels differ) for allocate /
-    propose; k1, greedy, lazy, ragged (num_drafts given), logits (a logits target) and
-    top_k (with logits: a top_k given, default True) for verify."""
+    min_p / a per-row top_k: only a dense support's kernels differ) and bf16 (bfloat16
+    logits, with filtered) for allocate / propose; k1, greedy, lazy, ragged (num_drafts
+    given), logits (a logits target), bf16 (a bfloat16 target, with logits) and top_k
+    (with logits: a top_k given, default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
@@ -264,8 +283,8 @@ def kernel_names(primitive, **shape):
             names = ("dense_max", "dense_sum", "dense_floor", "dense_mark")
             names += ("draw_rows",) if primitive == "propose" else ()
             if shape.get("filtered", False):
-                names = ("logits_max", "logits_hist", "logits_resolve", "filter_mask") + names + (
-                    "filter_status",)
+                names = logits_rows_kernels(b, shape.get("bf16", False)) + (
+                    "logits_resolve", "filter_mask") + names + ("filter_status",)
             return names
         if route == "select":
             return ("topk_select",)
@@ -275,7 +294,8 @@ def kernel_names(primitive, **shape):
         return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
     if shape.get("logits", False):
         resolve = ("logits_resolve",) * (2 if shape.get("top_k", True) else 1)
-        return ("logits_max", "logits_hist") + resolve + ("logits_chain", "logits_residual")
+        return logits_rows_kernels(b * shape["k1"], shape.get("bf16", False)) + resolve + (
+            "logits_chain", "logits_residual")
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
                          shape.get("lazy", False), shape.get("ragged", False))
     if route == "lazy":

@@ -2,7 +2,7 @@
  * verify(..., logits=True): target rows of logits processed into exact integer
  * distributions (docs/semantics.md "Target logits"; dy_logits_target_row of the core
  * is the host form of the same rules), then the acceptance chain and the residual /
- * bonus draw of section 5.  Five kernels, every launch graph-capturable (per-row state
+ * bonus draw of section 5.  Six kernels, every launch graph-capturable (per-row state
  * lives in scratch that each call rewrites before reading):
  *
  *  logits_max       grid (tiles, rows): per tile the largest logit (integer order key
@@ -11,7 +11,11 @@
  *                   flag; the row's last block divides that logit once (z is monotone
  *                   in x, so zmax = z(xmax)), sets the row's record (status, zmax,
  *                   argmax, min-p threshold), zeroes its histogram and, for bfloat16
- *                   logits, fills the row's value table (below).
+ *                   logits over more than LG_TABLE_ROWS rows, fills the row's value
+ *                   table (below).
+ *  logits_table     grid (LG_TE / 256, rows), calls over at most LG_TABLE_ROWS rows: the
+ *                   value tables, an entry a thread (one block a row would take its
+ *                   4096 entries one SM at a time).
  *  logits_hist      grid (tiles, rows): the weight W_v of every token (the fixed-point
  *                   exponential of allocate) and, over the survivors of min-p with
  *                   W_v > 0, a histogram of counts and masses by gap bucket
@@ -58,6 +62,9 @@
 #define LG_TABW (LG_TE * 18 / 8)  /* u64 words of a row's table: W, key (u64), bucket (u16) */
 #define LG_RTILE (2 * LG_TE)  /* tokens of a residual tile its last block holds in shared
                                 memory (routes.LOGITS_RESIDUAL_MAX_TILE) */
+#define LG_TABLE_ROWS 128  /* calls over at most this many rows fill the value tables in
+                             logits_table (routes.LOGITS_TABLE_ROWS), larger ones in
+                             logits_max's tails */
 #define LG_NOWIN 256u  /* LG_WIN of a row without a table (no binade matches it) */
 static_assert((int)(DY_EXP_CUTOFF * 64.0) == LG_NB, "one gap bucket per 1/64 below the cutoff");
 
@@ -379,6 +386,17 @@ DC_FN void lg_max_bf16(const LgRow& r, int lo, int hi, u64* best, u32* bad) {
   *bad = (a > 0x7F80u || k >= 0xFF80u ? 0x80000000u : 0u) | (m << 16);
 }
 
+/* Entry j of a row's value table tr (binades from e0): W of a min-p survivor (else 0),
+ * the order key of z, the gap bucket of a survivor (else LG_NB). */
+DC_FN void lg_table_entry(const LgRow& row, double zmax, u64 mpw, u32 e0, int j, LgTab et,
+                          u64* tr) {
+  const LgEl e = lg_el_of(row, zmax, lg_slot_bits(j, e0), et);
+  const bool surv = lg_surv(e.w, mpw);
+  lg_tab_w(tr)[j] = surv ? e.w : 0;
+  lg_tab_key(tr)[j] = e.key;
+  lg_tab_bucket(tr)[j] = (u16)(surv ? e.bucket : LG_NB);
+}
+
 extern "C" __global__ void __launch_bounds__(256) logits_max(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
@@ -471,21 +489,39 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   }
   __syncthreads();
   const u32 e0 = s_e0;
-  if (e0 == LG_NOWIN) return;
+  /* a call over at most LG_TABLE_ROWS rows fills the tables in logits_table, over every
+   * SM; a larger one here, the tails overlapping the other rows' passes */
+  if (e0 == LG_NOWIN || B * (k + 1) <= LG_TABLE_ROWS) return;
   const double zmax = s_zmax;
   u64* tr = tab + (i64)r * LG_TABW;
-  u64* tw = lg_tab_w(tr);
-  u64* tkey = lg_tab_key(tr);
-  u16* tbk = lg_tab_bucket(tr);
   DY_TL_MARK(0);  /* the record written: the value table next */
   const LgTab et = lg_load_table(stab);
-  for (int j = tid; j < LG_TE; j += 256) {
-    const LgEl e = lg_el_of(row, zmax, lg_slot_bits(j, e0), et);
-    const bool surv = lg_surv(e.w, mpw);
-    tw[j] = surv ? e.w : 0;
-    tkey[j] = e.key;
-    tbk[j] = (u16)(surv ? e.bucket : LG_NB);
-  }
+  for (int j = tid; j < LG_TE; j += 256) lg_table_entry(row, zmax, mpw, e0, j, et, tr);
+}
+
+/* The value tables of up to LG_TABLE_ROWS rows (logits_max leaves them), grid
+ * (LG_TE / 256, rows): entry j of row r by thread j % 256 of block (j / 256, r), after
+ * logits_max has written the row's record (its window e0, zmax, the min-p threshold);
+ * rows without a table (not bfloat16, greedy, invalid) and inactive rows are not read. */
+extern "C" __global__ void __launch_bounds__(256) logits_table(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, const u64* rec,
+    u64* tab) {
+  __shared__ uint64_t stab[4][256];
+  const int r = dc_grid_row();
+  if (r >= B * (k + 1) || B * (k + 1) > LG_TABLE_ROWS) return;
+  const int b = r / (k + 1), i = r - b * (k + 1);
+  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  if (q.code || i > q.n) return;  /* block-uniform: logits_max wrote no record */
+  const u64* rc = rec + (i64)r * LG_REC;
+  const u32 e0 = (u32)rc[LG_WIN];
+  if (e0 == LG_NOWIN) return;
+  const LgRow row = {x, dt, (i64)r * V, q.temp, q.greedy, 0, LG_NOWIN};
+  const LgTab et = lg_load_table(stab);
+  const int j = (int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x;
+  if (j < LG_TE)
+    lg_table_entry(row, dy_key_value(rc[LG_MAXKEY]), rc[LG_MPW], e0, j, et,
+                   tab + (i64)r * LG_TABW);
 }
 
 /* The row (non-greedy, valid) of a logits_hist / logits_resolve block, or false. */
