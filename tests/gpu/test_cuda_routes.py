@@ -136,6 +136,24 @@ def test_one_launch_tiles_fit_the_kernel(batch, k1, v):
         vt == routes.lazy_tile(v, batch, NSM))
 
 
+def test_the_value_table_constants_agree_with_the_kernels():
+    """The plan launches logits_table exactly where logits_max leaves the tables to it
+    (LG_TABLE_ROWS), over a grid of LG_TE / 256 blocks a row: the Python copies of the
+    kernel source's constants."""
+    import os
+    import re
+    from dyadic.backends.cuda.cupy import plans, runtime
+    src = open(os.path.join(runtime.KERNEL_DIR, "verify_logits.cuh")).read()
+
+    def define(name):
+        return int(re.search(r"^#define %s \(?(\d+)" % name, src, re.M).group(1))
+    assert routes.LOGITS_TABLE_ROWS == define("LG_TABLE_ROWS")
+    assert plans.LG_TE == 2 * define("LG_BIN") * 128  # LG_TE = 2 x LG_BIN x 128
+    assert routes.logits_table_launched(routes.LOGITS_TABLE_ROWS, True)
+    assert not routes.logits_table_launched(routes.LOGITS_TABLE_ROWS + 1, True)
+    assert not routes.logits_table_launched(1, False)
+
+
 @pytest.mark.parametrize("rows", [1, 65535, 65536, 100001, 2**31 - 1])
 def test_row_grid_covers_every_row(rows):
     """Rows over grid y and z, each at most 65535, with fewer than z rows past the end."""
