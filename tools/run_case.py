@@ -4,16 +4,16 @@ profiler (gpu_suite.sh's ``ncu`` stage) wraps.
     python tools/run_case.py --batch 1,64 --cases =verify_k5_logits_dense_lazy_close_cold \
                              [--warm 2] [--calls 1]
 
-Per batch size and case: ``--warm`` calls (a cold case's one-call steps in turn), then a CUDA sync and an NVTX range
-"timed" around ``--calls`` calls (profile with ``--nvtx --nvtx-include timed/``), then a
-sync."""
+Per batch size and case: ``--warm`` calls (a cold case's one-call steps in turn,
+timeline.calls_of), then a CUDA sync and an NVTX range "timed" around ``--calls`` calls
+(profile with ``--nvtx --nvtx-include timed/``), then a sync."""
 
 import argparse
 import sys
 
 import torch
 
-from dyadic.bench import gpu
+from dyadic.bench import gpu, timeline
 
 
 def main(argv=None):
@@ -34,13 +34,13 @@ def main(argv=None):
             if not any(gpu.selects(c, case.name) for c in a.cases.split(",")):
                 continue
             fn = case.make()
-            one = fn.step if getattr(fn, "step", None) else (lambda j: fn())
+            steps = timeline.calls_of(fn) or [fn]  # [fn]: several calls, no steps
             for j in range(a.warm):
-                one(j % getattr(fn, "calls", 1))
+                steps[j % len(steps)]()
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push("timed")
             for j in range(a.calls):
-                one((a.warm + j) % getattr(fn, "calls", 1))
+                steps[(a.warm + j) % len(steps)]()
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
             print(f"B={B} {case.name}: {a.calls} calls", flush=True)

@@ -179,8 +179,8 @@ def cold_sets(per_set_bytes):
 
 def verify_cold(inp, workload, sparse, check, ragged=False, logits=False):
     """``make`` of a verify case on ``cold_sets`` input sets called one after another
-    (one invocation = that many calls; the invocation's ``step(j)`` makes call j alone).  workload "close": p = softmax(3 z), q =
-    softmax(3 z + 0.5 noise); "indep": p = softmax(3 z1), q = softmax(3 z2); z ~ N(0, 1)
+    (one invocation = that many calls; the invocation's ``step(j)`` makes call j alone).
+    workload "close": p = softmax(3 z), q = softmax(3 z + 0.5 noise); "indep": p = softmax(3 z1), q = softmax(3 z2); z ~ N(0, 1)
     per request and position; drafts drawn from q's counts (dense) or q's top id
     (top-32).  ragged: ``num_drafts`` = b mod (k + 1) for request b (a device array).
     logits: the target is the logits 3 z in bfloat16 instead of p, verified with

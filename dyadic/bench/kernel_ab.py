@@ -54,6 +54,18 @@ def tree_dirs(root):
     return kdir, idir
 
 
+def kernel_heads(text):
+    """(name, start, end) of each ``extern "C" __global__`` kernel head in ``text`` (its
+    comments removed or blanked): the parameter list is text[start:end - 1], end just past
+    its closing parenthesis."""
+    for m in _KERNEL.finditer(text):
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        yield m.group(1), m.end(), j
+
+
 def signatures(kernel_dir):
     """{kernel name: its parameter list, comments removed and whitespace collapsed} of the
     ``extern "C" __global__`` kernels in the .cu / .cuh files of ``kernel_dir``."""
@@ -63,12 +75,8 @@ def signatures(kernel_dir):
             continue
         with open(os.path.join(kernel_dir, name)) as f:
             text = _COMMENT.sub(" ", f.read())
-        for m in _KERNEL.finditer(text):
-            depth, j = 1, m.end()
-            while j < len(text) and depth:
-                depth += {"(": 1, ")": -1}.get(text[j], 0)
-                j += 1
-            out[m.group(1)] = " ".join(text[m.end():j - 1].split())
+        for name, start, end in kernel_heads(text):
+            out[name] = " ".join(text[start:end - 1].split())
     return out
 
 

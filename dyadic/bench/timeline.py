@@ -105,8 +105,9 @@ def module_files(kernel_dir):
 
 def instrument(kernel_dir, dst):
     """Copies the kernel folder ``kernel_dir`` to ``dst`` (which must not exist) with every
-    ``extern "C" __global__`` kernel of the module (``module_files``) stamping the timeline (DY_TL_BEGIN first in its body)
-    and ``dc_elect_last`` (common.cuh) stamping its pass end and election.  Returns the
+    ``extern "C" __global__`` kernel of the module (``module_files``) stamping the
+    timeline (DY_TL_BEGIN first in its body) and ``dc_elect_last`` (common.cuh) stamping
+    its pass end and election.  Returns the
     kernel names in the order of their rows of ``dy_timeline`` (declared first in
     kernels.cu).  ValueError when the folder has no kernels.cu, no kernel or no
     ``dc_elect_last`` definition in common.cuh."""
@@ -121,16 +122,12 @@ def instrument(kernel_dir, dst):
             text = f.read()
         bare = _blank_comments(text)
         cuts = []
-        for m in kernel_ab._KERNEL.finditer(bare):
-            depth, j = 1, m.end()
-            while j < len(bare) and depth:
-                depth += {"(": 1, ")": -1}.get(bare[j], 0)
-                j += 1
+        for name, _, j in kernel_ab.kernel_heads(bare):
             brace = bare.find("{", j)
             if brace < 0 or bare[j:brace].strip():
                 continue  # a declaration, not a definition
             cuts.append((brace + 1, f" DY_TL_BEGIN({len(names)})"))
-            names.append(m.group(1))
+            names.append(name)
         if cuts:
             edits[path] = (text, cuts)
     if not names:
