@@ -356,6 +356,38 @@ def test_residual_tiles_with_many_kept_tokens(cuda, dtype):
         assert (_np(want.accepted) < k).sum() >= b // 2  # residual rows
 
 
+@pytest.mark.parametrize("b", [16, 64])
+def test_bf16_cuts_on_tied_values(cuda, b):
+    """bfloat16 rows of 3 z at V=129280 (hundreds of tokens share each value near a cut),
+    B=16 / 64 (tiles of about 22000 / 32768 tokens), each request a mix of: top-p alone,
+    top-k alone (1 .. 60000), top-k with top-p (the top-p cut in top-k's bucket or an
+    earlier one), min-p, temperatures 0.3 .. 1000 (a gap bucket holding one value up to
+    hundreds of values), and rows of tiny logits around a few large ones (the cut among
+    values below the value table's binades): cuda equals cpu bit for bit."""
+    torch = cuda
+    rng = np.random.default_rng(97 + b)
+    k, v = 2, V_REAL
+    x = 3 * rng.standard_normal((b, k + 1, v))
+    recipes = [(1.0, 0, 0.9, 0.0), (1.0, 0, 0.5, 0.0), (1.0, 0, 0.999, 0.0),
+               (1.0, 1, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (1.0, 2000, 1.0, 0.0),
+               (1.0, 60000, 1.0, 0.0), (1.0, 2000, 0.5, 0.0), (1.0, 50, 0.999, 0.0),
+               (50.0, 0, 0.9, 0.0), (50.0, 30000, 0.95, 0.0), (1000.0, 0, 0.5, 0.0),
+               (0.3, 0, 0.9, 0.0), (1.0, 0, 0.95, 0.05), (1.0, 400, 0.97, 0.0),
+               (1.0, 0, 0.5, 0.0)]
+    t, tk, tp, mp = (np.array(c) for c in zip(*(recipes[i % 16] for i in range(b))))
+    for r in range(15, b, 16):  # tiny logits around two large ones
+        x[r] *= 1e-6
+        x[r, :, :2] = 0.5
+    x = x.astype(np.float32)
+    params = {"temperature": t.astype(np.float64), "top_k": tk.astype(np.int64),
+              "top_p": tp.astype(np.float32), "min_p": mp.astype(np.float32)}
+    for qkind, check in (("dense", False), ("sparse", "lazy")):
+        q, draft = _q_draft(rng, x, k, qkind)
+        _, want = _both(torch, x, "bfloat16", draft, q, _keys(rng, b), params, check,
+                        on_device={"params", "keys"})
+        assert not _np(want.status).any()
+
+
 def _tied_at_boundary(row, top_p):
     """How many tokens share the value at which a row's top-p prefix ends (T = 1; from
     float64 weights: the test's premise, not the rule)."""

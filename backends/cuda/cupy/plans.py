@@ -213,10 +213,13 @@ LG_TE = 4096  # value-table entries of a row (verify_logits.cuh)
 def _logits_rows_bufs(rows, nt, x_code):
     """The scratch of logits_max / logits_hist / logits_resolve over ``rows`` rows of
     ``nt`` tiles (shared by name with every plan that runs them): part_key, part_id,
-    part_bad, rec, cnt, hcnt, hmass, cand_key, cand_id, cand_n, vtab."""
+    part_bad, rec, cnt, hcnt, hmass, cand_key, cand_id, cand_n, vtab, tcnt."""
     nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
-    # the rows' value tables (LG_TABW = 9216 words a row), bfloat16 logits only
-    vtab = 8 * 9216 * rows if int(x_code) == 2 else 8
+    # bfloat16 logits only: the rows' value tables (LG_TABW = 9216 words a row) and their
+    # tiles' counts per table value (LG_TE / 2 = 2048 words a tile)
+    bf16 = int(x_code) == 2
+    vtab = 8 * 9216 * rows if bf16 else 8
+    tcnt = 4 * 2048 * rows * nt if bf16 else 8
     return (runtime.scratch("lg_part_key", 8 * rows * nt),
             runtime.scratch("lg_part_id", 4 * rows * nt),
             runtime.scratch("lg_part_bad", 4 * rows * nt),
@@ -224,7 +227,7 @@ def _logits_rows_bufs(rows, nt, x_code):
             runtime.scratch("lg_hcnt", 4 * rows * nb), runtime.scratch("lg_hmass", 8 * rows * nb),
             runtime.scratch("lg_cand_key", 8 * rows * cap),
             runtime.scratch("lg_cand_id", 4 * rows * cap), runtime.scratch("lg_cand_n", 4 * rows),
-            runtime.scratch("lg_vtab", vtab))
+            runtime.scratch("lg_vtab", vtab), runtime.scratch("lg_tcnt", tcnt))
 
 
 def _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names, resolves):
@@ -232,7 +235,7 @@ def _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names, resolves):
     logits_hist and ``resolves`` x logits_resolve over ``rows`` rows of logits of dtype
     code ``x_code`` (``head``: the kernels' leading words; ``bufs``: _logits_rows_bufs,
     then the plan's other buffers, all kept alive by the first launch)."""
-    pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, tab = _ptrs(bufs[:11])
+    pkey, pid, pbad, rec, cnt, hcnt, hmass, ckey, cid, cn, tab, tcnt = _ptrs(bufs[:12])
     grid = routes.rgrid(nt, rows)
     tail = (I32[nt], np.int32(tile))
     resolve = _Launch(runtime.kernel("logits_resolve"), grid, (256,), head + tail + (
@@ -244,7 +247,7 @@ def _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names, resolves):
     return (_Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
                 pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),) + table + (
             _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, tab), names),) + (resolve,) * resolves
+                rec, cnt, hcnt, hmass, tab, tcnt), names),) + (resolve,) * resolves
 
 
 class DenseFiltered:
@@ -455,7 +458,7 @@ class LogitsVerify:
         bufs = _logits_rows_bufs(rows, nt, x_code) + (
             runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
             runtime.scratch("lg_rcnt", 4 * batch))
-        rec, tab, res_row, rpart, rcnt = _ptrs(bufs[3:4] + bufs[10:])
+        rec, tab, res_row, rpart, rcnt = _ptrs(bufs[3:4] + bufs[10:11] + bufs[12:])
         head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
                                                                  "g", "nd")),
                 I32[batch], I32[k], I32[v])

@@ -537,13 +537,143 @@ DC_FN bool lg_row_active(const double* temp, const i64* topk, const u32* topp, c
 /* The top-p decision over the buckets before lim (kept mass ts, the mass before bucket
  * lim is base, the bucket's kept mass beyond it handled by the caller): a row done
  * or left with stage LG_RES_P.  cnt / mass: the row's histogram in shared memory. */
-DC_FN void lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mass, int lim,
-                               DcShared& sh, LgFound* scratch) {
+DC_FN LgFound lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mass, int lim,
+                                  DcShared& sh, LgFound* scratch) {
   const LgFound f = lg_find(cnt, mass, lim, need, true, sh, scratch);
   if (threadIdx.x == 0) {
     rc[LG_STAGE] = LG_RES_P; rc[LG_BUCKET] = (u64)f.j;
     rc[LG_NEED] = need - f.mass_before; rc[LG_BASE] = f.mass_before;
   }
+  return f;
+}
+
+/* ------------------------------------------------------------- value cut
+ * On a row with a value table each logits_hist block stores its tile's tokens per table
+ * value (tcnt: LG_TE 16-bit counts a tile, two a word, tiles in order).  The row's last
+ * block then places a cut inside its bucket without another pass: the bucket's values in
+ * ranking order (z descending: positive entries by descending slot, then negative ones by
+ * ascending slot), the row's count of each, the value c where the count or the mass is
+ * reached and how many of its tokens m the cut keeps (ties go to the lowest ids), the
+ * tile holding the m-th token of value c, and that token's id from a scan of the one
+ * tile.  It gives the cut logits_resolve's sorted candidates give, and applies when no
+ * token outside the table can lie in the bucket, the bucket holds at most LG_VCUT values
+ * and their keys are distinct (z of distinct values can coincide only when z
+ * underflows); otherwise ok is false and logits_resolve takes the pass. */
+#define LG_VCUT 256  /* values of a bucket placed from the counts (one a thread) */
+
+struct LgVPick { u64 key, mass; i64 id; u32 m; int ok; };
+
+/* Whether a finite token outside the row's table (|x| < 2**(e0 - 127)) could lie in gap
+ * bucket j (decided with a bucket of margin on each side). */
+DC_FN bool lg_bucket_has_others(double zmax, double temp, u32 e0, int j) {
+  const double zl = ldexp(1.0, (int)e0 - 127) / temp;
+  const double glo = floor(64.0 * (zmax - zl)) - 1.0, ghi = floor(64.0 * (zmax + zl)) + 1.0;
+  return !(glo > (double)j || ghi < (double)j);
+}
+
+/* Token count of slot s in tile t of a row's tcnt. */
+DC_FN u32 lg_tcount(const u32* tc, int t, int s) {
+  return (__ldcg(&tc[(i64)t * (LG_TE / 2) + (s >> 1)]) >> ((s & 1) << 4)) & 0xFFFFu;
+}
+
+/* The cut inside bucket j by count (top-k, !by_mass) or by mass reaching target; by
+ * mass after a top-k cut of key kkey keeping km tokens of that value when kcut.  tc: the
+ * row's tile counts; ls: 2 x LG_VCUT words of shared scratch.  Every thread of the block
+ * calls it and gets the result. */
+static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zmax,
+                                                     const u32* tc, int nt, int tile, int V,
+                                                     int j, bool by_mass, u64 target,
+                                                     bool kcut, u64 kkey, u32 km, u32* ls,
+                                                     DcShared& sh) {
+  __shared__ LgVPick res;
+  __shared__ int s_at, s_bad;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  __syncthreads();  /* every thread holds the previous call's result */
+  if (tid == 0) { res.ok = 0; res.id = -1; s_at = -1; s_bad = 0; }
+  if (lg_bucket_has_others(zmax, row.temp, row.e0, j)) { __syncthreads(); return res; }
+  /* the bucket's values in ranking order: thread tid looks at ranks 16 tid .. + 15 */
+  const u16* tbk = lg_tab_bucket(row.tab);
+  const int per = LG_TE / 256;
+  u32 mine = 0;
+  for (int i = 0; i < per; ++i) {
+    const int rk = tid * per + i, s = rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk;
+    mine |= (u32)(__ldg(&tbk[s]) == j) << i;
+  }
+  u64 n64;
+  const int at = (int)lg_scan64((u64)__popc(mine), &n64, sh);
+  const int n = (int)n64;
+  if (n == 0 || n > LG_VCUT) return res;  /* (lg_scan64 synchronised after res) */
+  for (int i = 0, o = at; i < per; ++i)
+    if ((mine >> i) & 1u) {
+      const int rk = tid * per + i;
+      ls[o++] = (u32)(rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk);
+    }
+  __syncthreads();
+  /* each value's count over the row's tiles, a warp a value */
+  for (int i = wid; i < n; i += 8) {
+    const int s = (int)ls[i];
+    u32 c = 0;
+    for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, s);
+    for (int o = 16; o; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if (lane == 0) ls[LG_VCUT + i] = c;
+  }
+  __syncthreads();
+  u64 cnt = 0, mass = 0, w = 0, key = 0;
+  int s = 0;
+  if (tid < n) {
+    s = (int)ls[tid];
+    w = __ldg(&lg_tab_w(row.tab)[s]); key = __ldg(&lg_tab_key(row.tab)[s]);
+    cnt = ls[LG_VCUT + tid];
+    if (tid + 1 < n && !(__ldg(&lg_tab_key(row.tab)[ls[tid + 1]]) < key)) s_bad = 1;
+    if (by_mass && kcut) cnt = key < kkey ? 0 : (key == kkey ? km : cnt);
+    mass = cnt * w;
+  }
+  u64 ct, mt;
+  const u64 ce = lg_scan64(cnt, &ct, sh), me = lg_scan64(mass, &mt, sh);
+  if (s_bad) return res;
+  const u64 e = by_mass ? me : ce, own = by_mass ? mass : cnt;
+  if (tid < n && e < target && target <= e + own) {
+    const u64 m = by_mass ? (target - me + w - 1) / w : target - ce;
+    res.key = key; res.m = (u32)m; res.mass = me + m * w; s_at = s;
+  }
+  __syncthreads();
+  if (s_at < 0) return res;
+  const int sc = s_at;
+  const u32 m = res.m;
+  /* the tile holding the m-th token of value sc: a run of tiles a thread */
+  const int tper = (nt + 255) / 256, t0 = min(nt, tid * tper), t1 = min(nt, t0 + tper);
+  u32 own_c = 0;
+  for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc);
+  u64 tot;
+  const u32 tb = (u32)lg_scan64(own_c, &tot, sh);
+  __shared__ int s_tile;
+  __shared__ u32 s_rest;
+  if (tb < m && m <= tb + own_c) {
+    u32 b = tb;
+    for (int t = t0; t < t1; ++t) {
+      const u32 c = lg_tcount(tc, t, sc);
+      if (b + c >= m) { s_tile = t; s_rest = m - b; break; }
+      b += c;
+    }
+  }
+  __syncthreads();
+  if (!(m <= tot)) return res;
+  /* the tile's s_rest-th token of value sc in ascending id: a run of ids a thread */
+  const u16 hv = (u16)(lg_slot_bits(sc, row.e0) >> 16);
+  const u16* p = (const u16*)row.x + row.off;
+  const int lo = s_tile * tile, len = min(V, lo + tile) - lo, ipt = (len + 255) / 256;
+  const int v0 = lo + min(len, tid * ipt), v1 = lo + min(len, tid * ipt + ipt);
+  u32 own_v = 0;
+  for (int v = v0; v < v1; ++v) own_v += __ldcg(&p[v]) == hv;
+  const u32 rest = s_rest;
+  const u32 vb = (u32)lg_scan64(own_v, &tot, sh);
+  if (vb < rest && rest <= vb + own_v) {
+    u32 b = vb;
+    for (int v = v0; v < v1; ++v)
+      if (__ldcg(&p[v]) == hv && ++b == rest) { res.id = v; res.ok = 1; break; }
+  }
+  __syncthreads();
+  return res;
 }
 
 /* logits_hist's work for a token outside the row's value table: its weight, and its
@@ -566,10 +696,72 @@ static __device__ __noinline__ void lg_hist_other_call(const LgRow& row, double 
   lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm);
 }
 
+/* logits_hist's last block, the row's histogram in sc / sm: the top-k cut's bucket
+ * (count) or else top-p's (mass), each placed from the value counts where it can
+ * (lg_value_pick), else left in the record for logits_resolve; a row with neither cut is
+ * done.  Out of line: the pass's registers are not held across it. */
+static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, const LgRow& row,
+                                                   double zmax, bool table, const u32* tc,
+                                                   int nt, int tile, int V, const u32* sc,
+                                                   const u64* sm, u32* ls, DcShared& sh,
+                                                   LgFound* fdp) {
+  LgFound& fd = *fdp;
+  const int tid = threadIdx.x;
+  u64 c = 0, m = 0;
+  for (int j = tid * 8; j < tid * 8 + 8; ++j) { c += sc[j]; m += sm[j]; }
+  u64 nsurv, ts;
+  lg_scan64(c, &nsurv, sh);
+  lg_scan64(m, &ts, sh);
+  /* a cut is placed here from the value counts where it can (lg_value_pick), else the
+   * record names its bucket for logits_resolve */
+  auto p_pick = [&](const LgFound& f, u64 target, bool kcut, u64 kkey, u32 km) {
+    if (!table) return;
+    const LgVPick pp = lg_value_pick(row, zmax, tc, nt, tile, V, f.j, true, target, kcut,
+                                     kkey, km, ls, sh);
+    if (pp.ok && tid == 0) {
+      rc[LG_PKEY] = pp.key; rc[LG_PID] = (u64)pp.id; lg_finish(rc, f.mass_before + pp.mass);
+    }
+  };
+  if (q.topk > 0 && (u64)q.topk < nsurv) {  /* top-k cuts inside bucket j */
+    const LgFound f = lg_find(sc, sm, LG_NB, (u64)q.topk, false, sh, &fd);
+    const u64 needk = (u64)q.topk - f.cnt_before, base = f.mass_before;
+    LgVPick pk;
+    pk.ok = 0;
+    if (table) pk = lg_value_pick(row, zmax, tc, nt, tile, V, f.j, false, needk, false, 0, 0,
+                                  ls, sh);
+    if (!pk.ok) {
+      if (tid == 0) {
+        rc[LG_STAGE] = LG_RES_K; rc[LG_BUCKET] = (u64)f.j;
+        rc[LG_NEED] = needk; rc[LG_BASE] = base;
+      }
+      return;
+    }
+    /* the top-k cut placed: top-p over the tokens before it, as logits_resolve's RES_K */
+    if (tid == 0) { rc[LG_KKEY] = pk.key; rc[LG_KID] = (u64)pk.id; }
+    const u64 tk = base + pk.mass, needp = lg_top_p_need(q.topp, tk);
+    if (!needp) { if (tid == 0) lg_finish(rc, tk); return; }
+    if (needp > base) {  /* top-p ends inside this bucket too */
+      if (tid == 0) {
+        rc[LG_STAGE] = LG_RES_P; rc[LG_BUCKET] = (u64)f.j;
+        rc[LG_NEED] = needp - base; rc[LG_BASE] = base;
+      }
+      p_pick(f, needp - base, true, pk.key, pk.m);
+      return;
+    }
+    const LgFound fp = lg_decide_p_buckets(rc, needp, sc, sm, f.j, sh, &fd);
+    p_pick(fp, needp - fp.mass_before, false, 0, 0);
+    return;
+  }
+  const u64 need = lg_top_p_need(q.topp, ts);
+  if (!need) { if (tid == 0) lg_finish(rc, ts); return; }
+  const LgFound f = lg_decide_p_buckets(rc, need, sc, sm, LG_NB, sh, &fd);
+  p_pick(f, need - f.mass_before, false, 0, 0);
+}
+
 extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
-    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab) {
+    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab, u32* tcnt) {
   __shared__ DcShared sh;
   __shared__ int is_last;
   __shared__ u32 sc[LG_NB];
@@ -607,7 +799,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     });
   __syncthreads();
   DY_TL_MARK(0);  /* the tile's tokens counted */
-  if (table) {  /* each value present: count x W into its bucket */
+  u32* tc = tcnt + (i64)r * nt * (LG_TE / 2);  /* the row's tile counts (table rows) */
+  if (table) {  /* the tile's counts for the value cut; each value present: count x W
+                 * into its bucket */
+    for (int j = tid; j < LG_TE / 2; j += 256) tc[(i64)t * (LG_TE / 2) + j] = ec[j];
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
     constexpr int U = 8;  /* values a thread looks up at once (their loads overlap) */
@@ -643,22 +838,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = __ldcg(&gc[j]); sm[j] = __ldcg(&gm[j]); }
   __syncthreads();
   DY_TL_MARK(2);  /* the last block holds the row's histogram */
-  u64 c = 0, m = 0;
-  for (int j = tid * 8; j < tid * 8 + 8; ++j) { c += sc[j]; m += sm[j]; }
-  u64 nsurv, ts;
-  lg_scan64(c, &nsurv, sh);
-  lg_scan64(m, &ts, sh);
-  if (q.topk > 0 && (u64)q.topk < nsurv) {  /* top-k cuts inside bucket j */
-    const LgFound f = lg_find(sc, sm, LG_NB, (u64)q.topk, false, sh, &fd);
-    if (tid == 0) {
-      rc[LG_STAGE] = LG_RES_K; rc[LG_BUCKET] = (u64)f.j;
-      rc[LG_NEED] = (u64)q.topk - f.cnt_before; rc[LG_BASE] = f.mass_before;
-    }
-    return;
-  }
-  const u64 need = lg_top_p_need(q.topp, ts);
-  if (need) lg_decide_p_buckets(rc, need, sc, sm, LG_NB, sh, &fd);
-  else if (tid == 0) lg_finish(rc, ts);
+  /* ec is free: this block's counts are stored */
+  lg_hist_decide(rc, q, row, zmax, table, tc, nt, tile, V, sc, sm, ec, sh, &fd);
 }
 
 /* The exact pick inside one bucket when it holds more than LG_CAP candidates: an MSD
