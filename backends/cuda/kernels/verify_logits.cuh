@@ -22,9 +22,12 @@
  *                   floor(64 * (zmax - z_v)) (monotone in the ranking: z descending);
  *                   the last block finds the bucket where top-k's count or top-p's mass
  *                   is reached.  Tokens with a value in the row's table are counted per
- *                   value and enter the histogram as count x W once per value.
+ *                   value and enter the histogram as count x W once per value; each
+ *                   block stores those counts (tcnt), from which the last block places
+ *                   the cut inside its bucket where it can (lg_value_pick).
  *  logits_resolve   (launched twice, once when the call gives no top_k) grid (tiles,
- *                   rows): the survivors in that bucket are gathered; the last block
+ *                   rows), rows whose cut logits_hist did not place: the survivors in
+ *                   that bucket are gathered; the last block
  *                   sorts them by (z desc, id asc) and takes the exact cut; a top-p cut
  *                   after a top-k cut may need the second launch.  More than LG_CAP
  *                   tokens in one bucket (ties of thousands of equal logits): the last
