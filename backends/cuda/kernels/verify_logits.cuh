@@ -563,6 +563,8 @@ DC_FN LgFound lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* 
  * and their keys are distinct (z of distinct values can coincide only when z
  * underflows); otherwise ok is false and logits_resolve takes the pass. */
 #define LG_VCUT 256  /* values of a bucket placed from the counts (one a thread) */
+#define LG_VROWS 16  /* rows of 256 16-byte words in a tile (routes.LOGITS_MAX_TILE = 32768
+                        tokens) */
 
 struct LgVPick { u64 key, mass; i64 id; u32 m; int ok; };
 
@@ -661,19 +663,70 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   }
   __syncthreads();
   if (!(m <= tot)) return res;
-  /* the tile's s_rest-th token of value sc in ascending id: a run of ids a thread */
+  /* the tile's s_rest-th token of value sc in ascending id, read in 16-byte words of 8
+   * tokens (word 256 i + tid to thread tid, its match count in 4 bits of `packed`), then
+   * the tokens after the last whole word; a tile not 16-byte aligned is left to
+   * logits_resolve */
   const u16 hv = (u16)(lg_slot_bits(sc, row.e0) >> 16);
   const u16* p = (const u16*)row.x + row.off;
-  const int lo = s_tile * tile, len = min(V, lo + tile) - lo, ipt = (len + 255) / 256;
-  const int v0 = lo + min(len, tid * ipt), v1 = lo + min(len, tid * ipt + ipt);
-  u32 own_v = 0;
-  for (int v = v0; v < v1; ++v) own_v += __ldcg(&p[v]) == hv;
+  const int lo = s_tile * tile, hi = min(V, lo + tile), nw = (hi - lo) >> 3;
+  const int nrow = (nw + 255) / 256;
+  if ((((size_t)(p + lo)) & 15) || nrow > LG_VROWS) return res;
+  __shared__ u32 rowtot[LG_VROWS];
+  if (tid < LG_VROWS) rowtot[tid] = 0;
+  const uint4* p4 = (const uint4*)(p + lo);
+  const u32 hv2 = (u32)hv * 0x00010001u;
+  u64 packed = 0;
+  for (int i0 = 0; i0 < nrow; i0 += 4) {
+    uint4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = (i0 + u) * 256 + tid;
+      if (i0 + u < nrow && j < nw) x[u] = __ldcg(&p4[j]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = (i0 + u) * 256 + tid;
+      if (i0 + u >= nrow || j >= nw) continue;
+      const u32 c = (__popc(__vcmpeq2(x[u].x, hv2)) + __popc(__vcmpeq2(x[u].y, hv2))
+                     + __popc(__vcmpeq2(x[u].z, hv2)) + __popc(__vcmpeq2(x[u].w, hv2))) >> 4;
+      packed |= (u64)c << (4 * (i0 + u));
+    }
+  }
+  __syncthreads();  /* rowtot zeroed */
+  for (int i = 0; i < nrow; ++i) {
+    const u32 c = __reduce_add_sync(0xffffffffu, (u32)(packed >> (4 * i)) & 15u);
+    if (lane == 0 && c) atomicAdd(&rowtot[i], c);
+  }
+  __syncthreads();
   const u32 rest = s_rest;
+  u32 before = 0;
+  int rs = -1;
+  for (int i = 0; i < nrow && rs < 0; ++i) {
+    const u32 c = rowtot[i];
+    if (before + c >= rest) rs = i;
+    else before += c;
+  }
+  if (rs < 0) {  /* among the tokens after the last whole word */
+    if (tid == 0) {
+      u32 b = before;
+      for (int v = lo + 8 * nw; v < hi; ++v)
+        if (__ldcg(&p[v]) == hv && ++b == rest) { res.id = v; res.ok = 1; break; }
+    }
+    __syncthreads();
+    return res;
+  }
+  const u32 own_v = (u32)(packed >> (4 * rs)) & 15u, want = rest - before;
   const u32 vb = (u32)lg_scan64(own_v, &tot, sh);
-  if (vb < rest && rest <= vb + own_v) {
+  if (vb < want && want <= vb + own_v) {
+    const int j = rs * 256 + tid;
+    const uint4 x = __ldcg(&p4[j]);
+    const u32 w4[4] = {x.x, x.y, x.z, x.w};
     u32 b = vb;
-    for (int v = v0; v < v1; ++v)
-      if (__ldcg(&p[v]) == hv && ++b == rest) { res.id = v; res.ok = 1; break; }
+    for (int h = 0; h < 8; ++h)
+      if ((u16)(w4[h >> 1] >> ((h & 1) << 4)) == hv && ++b == want) {
+        res.id = lo + 8 * j + h; res.ok = 1; break;
+      }
   }
   __syncthreads();
   return res;
