@@ -559,9 +559,10 @@ DC_FN LgFound lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* 
  * reached and how many of its tokens m the cut keeps (ties go to the lowest ids), the
  * tile holding the m-th token of value c, and that token's id from a scan of the one
  * tile.  It gives the cut logits_resolve's sorted candidates give, and applies when no
- * token outside the table can lie in the bucket, the bucket holds at most LG_VCUT values
- * and their keys are distinct (z of distinct values can coincide only when z
- * underflows); otherwise ok is false and logits_resolve takes the pass. */
+ * token outside the table can lie in the bucket, the bucket holds at most LG_VCUT values,
+ * their keys are distinct (z of distinct values can coincide only when z underflows) and
+ * the cut's tile is 16-byte aligned; otherwise ok is false and logits_resolve takes the
+ * pass. */
 #define LG_VCUT 256  /* values of a bucket placed from the counts (one a thread) */
 #define LG_VROWS 16  /* rows of 256 16-byte words in a tile (routes.LOGITS_MAX_TILE = 32768
                         tokens) */
