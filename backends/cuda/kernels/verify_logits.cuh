@@ -654,6 +654,8 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   const u32 tb = (u32)lg_scan64(own_c, &tot, sh);
   __shared__ int s_tile;
   __shared__ u32 s_rest;
+  if (tid == 0) s_tile = -1;
+  __syncthreads();
   if (tb < m && m <= tb + own_c) {
     u32 b = tb;
     for (int t = t0; t < t1; ++t) {
@@ -663,7 +665,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     }
   }
   __syncthreads();
-  if (!(m <= tot)) return res;
+  if (!(m <= tot) || s_tile < 0 || s_tile >= nt) return res;
   /* the tile's s_rest-th token of value sc in ascending id, read in 16-byte words of 8
    * tokens (word 256 i + tid to thread tid, its match count in 4 bits of `packed`), then
    * the tokens after the last whole word; a tile not 16-byte aligned is left to
