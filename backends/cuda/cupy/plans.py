@@ -219,7 +219,7 @@ def _logits_rows_bufs(rows, nt, x_code):
     # tiles' counts per table value (LG_TE / 2 = 2048 words a tile)
     bf16 = int(x_code) == 2
     vtab = 8 * 9216 * rows if bf16 else 8
-    tcnt = 4 * 2048 * rows * nt if bf16 else 8
+    tcnt = 4 * (LG_TE // 2) * rows * nt if bf16 else 8
     return (runtime.scratch("lg_part_key", 8 * rows * nt),
             runtime.scratch("lg_part_id", 4 * rows * nt),
             runtime.scratch("lg_part_bad", 4 * rows * nt),

@@ -577,6 +577,10 @@ DC_FN bool lg_bucket_has_others(double zmax, double temp, u32 e0, int j) {
   return !(glo > (double)j || ghi < (double)j);
 }
 
+/* The table slot at rank rk of the ranking (z descending): positive slots descending,
+ * then negative ones ascending. */
+DC_FN int lg_rank_slot(int rk) { return rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk; }
+
 /* Token count of slot s in tile t of a row's tcnt. */
 DC_FN u32 lg_tcount(const u32* tc, int t, int s) {
   return (__ldcg(&tc[(i64)t * (LG_TE / 2) + (s >> 1)]) >> ((s & 1) << 4)) & 0xFFFFu;
@@ -601,19 +605,13 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   const u16* tbk = lg_tab_bucket(row.tab);
   const int per = LG_TE / 256;
   u32 mine = 0;
-  for (int i = 0; i < per; ++i) {
-    const int rk = tid * per + i, s = rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk;
-    mine |= (u32)(__ldg(&tbk[s]) == j) << i;
-  }
+  for (int i = 0; i < per; ++i) mine |= (u32)(__ldg(&tbk[lg_rank_slot(tid * per + i)]) == j) << i;
   u64 n64;
   const int at = (int)lg_scan64((u64)__popc(mine), &n64, sh);
   const int n = (int)n64;
   if (n == 0 || n > LG_VCUT) return res;  /* (lg_scan64 synchronised after res) */
   for (int i = 0, o = at; i < per; ++i)
-    if ((mine >> i) & 1u) {
-      const int rk = tid * per + i;
-      ls[o++] = (u32)(rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk);
-    }
+    if ((mine >> i) & 1u) ls[o++] = (u32)lg_rank_slot(tid * per + i);
   __syncthreads();
   /* each value's count over the row's tiles, a warp a value */
   for (int i = wid; i < n; i += 8) {
