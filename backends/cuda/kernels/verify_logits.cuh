@@ -613,22 +613,42 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   for (int i = 0, o = at; i < per; ++i)
     if ((mine >> i) & 1u) ls[o++] = (u32)lg_rank_slot(tid * per + i);
   __syncthreads();
-  /* each value's count over the row's tiles, a warp a value */
-  for (int i = wid; i < n; i += 8) {
-    const int s = (int)ls[i];
-    u32 c = 0;
-    for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, s);
-    for (int o = 16; o; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
-    if (lane == 0) ls[LG_VCUT + i] = c;
-  }
-  __syncthreads();
-  u64 cnt = 0, mass = 0, w = 0, key = 0;
+  /* each value's W and key, their loads in flight during the counts */
+  u64 cnt = 0, mass = 0, w = 0, key = 0, next = 0;
   int s = 0;
   if (tid < n) {
     s = (int)ls[tid];
     w = __ldg(&lg_tab_w(row.tab)[s]); key = __ldg(&lg_tab_key(row.tab)[s]);
+    if (tid + 1 < n) next = __ldg(&lg_tab_key(row.tab)[ls[tid + 1]]);
+  }
+  /* each value's count over the row's tiles, a warp a value; with at most 8 values over
+   * at most 128 tiles each warp keeps its value's tile counts (tile lane + 32 u) for the
+   * walk below */
+  const bool few = n <= 8 && nt <= 128;
+  u32 tcr[4] = {0, 0, 0, 0};
+  if (few) {
+    if (wid < n) {
+      const int sv = (int)ls[wid];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (lane + 32 * u < nt) tcr[u] = lg_tcount(tc, lane + 32 * u, sv);
+      const u32 c = __reduce_add_sync(0xffffffffu, tcr[0] + tcr[1] + tcr[2] + tcr[3]);
+      if (lane == 0) ls[LG_VCUT + wid] = c;
+    }
+  } else {
+    for (int i = wid; i < n; i += 8) {
+      const int sv = (int)ls[i];
+      u32 c = 0;
+      for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, sv);
+      c = __reduce_add_sync(0xffffffffu, c);
+      if (lane == 0) ls[LG_VCUT + i] = c;
+    }
+  }
+  __syncthreads();
+  __shared__ int s_ci;
+  if (tid < n) {
     cnt = ls[LG_VCUT + tid];
-    if (tid + 1 < n && !(__ldg(&lg_tab_key(row.tab)[ls[tid + 1]]) < key)) s_bad = 1;
+    if (tid + 1 < n && !(next < key)) s_bad = 1;
     if (by_mass && kcut) cnt = key < kkey ? 0 : (key == kkey ? km : cnt);
     mass = cnt * w;
   }
@@ -638,28 +658,48 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   const u64 e = by_mass ? me : ce, own = by_mass ? mass : cnt;
   if (tid < n && e < target && target <= e + own) {
     const u64 m = by_mass ? (target - me + w - 1) / w : target - ce;
-    res.key = key; res.m = (u32)m; res.mass = me + m * w; s_at = s;
+    res.key = key; res.m = (u32)m; res.mass = me + m * w; s_at = s; s_ci = tid;
   }
-  __syncthreads();
-  if (s_at < 0) return res;
-  const int sc = s_at;
-  const u32 m = res.m;
-  /* the tile holding the m-th token of value sc: a run of tiles a thread */
-  const int tper = (nt + 255) / 256, t0 = min(nt, tid * tper), t1 = min(nt, t0 + tper);
-  u32 own_c = 0;
-  for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc);
-  u64 tot;
-  const u32 tb = (u32)lg_scan64(own_c, &tot, sh);
   __shared__ int s_tile;
   __shared__ u32 s_rest;
   if (tid == 0) s_tile = -1;
   __syncthreads();
-  if (tb < m && m <= tb + own_c) {
-    u32 b = tb;
-    for (int t = t0; t < t1; ++t) {
-      const u32 c = lg_tcount(tc, t, sc);
-      if (b + c >= m) { s_tile = t; s_rest = m - b; break; }
-      b += c;
+  if (s_at < 0) return res;
+  const int sc = s_at, ci = s_ci;
+  const u32 m = res.m;
+  /* the tile holding the m-th token of value sc */
+  u64 tot;
+  if (few) {  /* by warp ci's tile counts, in tile order (u, lane) */
+    tot = ls[LG_VCUT + ci];
+    if (wid == ci) {
+      u32 run = 0;
+      for (int u = 0; u < 4; ++u) {
+        const u32 x = tcr[u];
+        u32 inc = x;
+        for (int o = 1; o < 32; o <<= 1) {
+          const u32 y = __shfl_up_sync(0xffffffffu, inc, o);
+          if (lane >= o) inc += y;
+        }
+        const u32 all = __shfl_sync(0xffffffffu, inc, 31);
+        if (x && run + inc >= m && run + inc - x < m) {
+          s_tile = lane + 32 * u; s_rest = m - (run + inc - x);
+        }
+        if (run + all >= m) break;
+        run += all;
+      }
+    }
+  } else {  /* a run of tiles a thread */
+    const int tper = (nt + 255) / 256, t0 = min(nt, tid * tper), t1 = min(nt, t0 + tper);
+    u32 own_c = 0;
+    for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc);
+    const u32 tb = (u32)lg_scan64(own_c, &tot, sh);
+    if (tb < m && m <= tb + own_c) {
+      u32 b = tb;
+      for (int t = t0; t < t1; ++t) {
+        const u32 c = lg_tcount(tc, t, sc);
+        if (b + c >= m) { s_tile = t; s_rest = m - b; break; }
+        b += c;
+      }
     }
   }
   __syncthreads();
