@@ -138,9 +138,9 @@ def test_one_launch_tiles_fit_the_kernel(batch, k1, v):
 
 def test_the_value_table_constants_agree_with_the_kernels():
     """The plan launches logits_table exactly where logits_max leaves the tables to it
-    (LG_TABLE_ROWS), over a grid of LG_TE / 256 blocks a row, and its longest tile fits
-    the value cut's tile read (LG_VROWS): the Python copies of the kernel source's
-    constants."""
+    (LG_TABLE_ROWS), over a grid of LG_TE / 256 blocks a row, the tables it allocates
+    hold LG_TABW words a row, and its longest tile fits the value cut's tile read
+    (LG_VROWS): the Python copies of the kernel source's constants."""
     import os
     import re
     from dyadic.backends.cuda.cupy import plans, runtime
@@ -150,6 +150,9 @@ def test_the_value_table_constants_agree_with_the_kernels():
         return int(re.search(r"^#define %s \(?(\d+)" % name, src, re.M).group(1))
     assert routes.LOGITS_TABLE_ROWS == define("LG_TABLE_ROWS")
     assert plans.LG_TE == 2 * define("LG_BIN") * 128  # LG_TE = 2 x LG_BIN x 128
+    # a row's value table: LG_TE entries of W, key (8 bytes each) and bucket (2), in words
+    entry = int(re.search(r"^#define LG_TABW \(LG_TE \* (\d+) / 8\)", src, re.M).group(1))
+    assert plans.LG_TABW == plans.LG_TE * entry // 8 == plans.LG_TE * (8 + 8 + 2) // 8
     # logits_hist's value cut reads a tile as at most LG_VROWS rows of 256 words of 8
     # tokens: every tile of the passes fits
     assert define("LG_VROWS") * 256 * 8 == routes.LOGITS_MAX_TILE

@@ -208,6 +208,7 @@ class Dense:
 
 
 LG_TE = 4096  # value-table entries of a row (verify_logits.cuh)
+LG_TABW = LG_TE * 18 // 8  # u64 words of a row's value table: W, key (u64), bucket (u16)
 
 
 def _logits_rows_bufs(rows, nt, x_code):
@@ -215,10 +216,10 @@ def _logits_rows_bufs(rows, nt, x_code):
     ``nt`` tiles (shared by name with every plan that runs them): part_key, part_id,
     part_bad, rec, cnt, hcnt, hmass, cand_key, cand_id, cand_n, vtab, tcnt."""
     nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
-    # bfloat16 logits only: the rows' value tables (LG_TABW = 9216 words a row) and their
-    # tiles' counts per table value (LG_TE / 2 = 2048 words a tile)
+    # bfloat16 logits only: the rows' value tables (LG_TABW words a row) and their tiles'
+    # counts per table value (LG_TE / 2 words a tile)
     bf16 = int(x_code) == 2
-    vtab = 8 * 9216 * rows if bf16 else 8
+    vtab = 8 * LG_TABW * rows if bf16 else 8
     tcnt = 4 * (LG_TE // 2) * rows * nt if bf16 else 8
     return (runtime.scratch("lg_part_key", 8 * rows * nt),
             runtime.scratch("lg_part_id", 4 * rows * nt),
