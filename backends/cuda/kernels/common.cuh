@@ -192,6 +192,18 @@ DC_FN dy_u128 warp_sum128(dy_u128 v) {
   return v;
 }
 
+/* *a += m on a u64 in shared memory by two native 32-bit atomics (a 64-bit atomicAdd on
+ * shared memory compiles to a compare-and-swap loop, which contending lanes repeat): the
+ * low word's carry goes into the high word, so once every adder has returned (a barrier)
+ * the word holds the exact sum mod 2**64.  Only this function may add to such a word
+ * while others do. */
+DC_FN void dc_shared_add64(u64* a, u64 m) {
+  u32* w = (u32*)a;
+  const u32 lo = (u32)m, old = atomicAdd(&w[0], lo);
+  const u32 hi = (u32)(m >> 32) + (old + lo < old ? 1u : 0u);
+  if (hi) atomicAdd(&w[1], hi);
+}
+
 /* --------------------------------------------------------- sparse rows
  * Entry j of a sparse q row against the Dyadic rules over ids [0, bound)
  * (dy_sparse_row_valid of the core, entry by entry): padding (id -1) has count 0;

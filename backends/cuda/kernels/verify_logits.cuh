@@ -780,7 +780,7 @@ DC_FN void lg_hist_other(const LgRow& row, double zmax, u32 xb, LgTab tab, u64 m
   const LgEl e = lg_el_of(row, zmax, xb, tab);
   if (lg_surv(e.w, mpw)) {
     if (counts) atomicAdd(&sc[e.bucket], 1u);
-    atomicAdd(&sm[e.bucket], e.w);
+    dc_shared_add64(&sm[e.bucket], e.w);
   }
 }
 
@@ -902,28 +902,41 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     for (int j = tid; j < LG_TE / 2; j += 256) tc[(i64)t * (LG_TE / 2) + j] = ec[j];
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
+    /* warp wp enters values [512 wp, 512 wp + 512), lane l those l + 32 u: the loads of
+     * a warp are coalesced, and a lane's values of one sign are monotone in z, so those
+     * of one bucket are consecutive in u: each run's count and mass are summed before
+     * one atomic */
     constexpr int U = 8;  /* values a thread looks up at once (their loads overlap) */
-    static_assert(LG_TE % (U * 256) == 0, "whole rounds of U values a thread");
-    for (int j0 = tid; j0 < LG_TE; j0 += U * 256) {
+    constexpr int N = LG_TE / 256;  /* values a thread enters */
+    static_assert(N % U == 0 && (LG_TE / 2) % (32 * N) == 0, "whole rounds; one sign a warp");
+    const int jb = (tid >> 5) * (32 * N) + (tid & 31);
+    int rb = -1;  /* the run's bucket, count and mass */
+    u32 rn = 0;
+    u64 rm = 0;
+    for (int u0 = 0; u0 < N; u0 += U) {
       u32 c[U]; u64 w[U]; int bk[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int j = j0 + u * 256;
+        const int j = jb + 32 * (u0 + u);
         c[u] = (ec[j >> 1] >> ((j & 1) << 4)) & 0xFFFFu;
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int j = j0 + u * 256;
+        const int j = jb + 32 * (u0 + u);
         w[u] = c[u] ? __ldg(&tw[j]) : 0;
         bk[u] = c[u] ? __ldg(&tbk[j]) : 0;
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (!w[u]) continue;
-        if (counts) atomicAdd(&sc[bk[u]], c[u]);
-        atomicAdd(&sm[bk[u]], (u64)c[u] * w[u]);
+        if (bk[u] != rb) {
+          if (rb >= 0) { if (counts) atomicAdd(&sc[rb], rn); dc_shared_add64(&sm[rb], rm); }
+          rb = bk[u]; rn = 0; rm = 0;
+        }
+        rn += c[u]; rm += (u64)c[u] * w[u];
       }
     }
+    if (rb >= 0) { if (counts) atomicAdd(&sc[rb], rn); dc_shared_add64(&sm[rb], rm); }
     __syncthreads();
   }
   u32* gc = hcnt + (i64)r * LG_NB;
