@@ -29,7 +29,8 @@
 #           (KAB_ROUNDS rounds of KAB_REPS profiled invocations; CASES and BATCH as bench)
 #   ncu     Nsight Compute (SOL, occupancy, launch, warp states, memory) of the kernels
 #           matching NCU_KERNELS (regex, default logits_) in one call of each NCU_CASES case
-#           (tools/run_case.py; BATCH as bench, default 1,64) into $OUT/ncu.txt
+#           (tools/run_case.py; BATCH as bench, default 1,64) into $OUT/ncu.txt; NCU_SOURCE=1
+#           adds the source counters, per source line in $OUT/ncu-source.md (tools/ncu_source.py)
 #   timeline  python -m dyadic.bench timeline: each kernel's pass and last-block tail in a
 #           call, from %globaltimer stamps of an instrumented copy of the kernels (TL_CASES,
 #           default the verify-from-logits case; BATCH as bench)
@@ -155,15 +156,26 @@ PY
   echo "timeline exit: $?"
   fi
   if has ncu; then stamp "ncu"
-  # Nsight Compute over the timed calls of tools/run_case.py (clocks left as they are)
-  timeout ${NCU_T:-300} ncu --clock-control none --nvtx --nvtx-include "timed/" \
-      --kernel-name "regex:${NCU_KERNELS:-logits_}" \
+  # Nsight Compute over the timed calls of tools/run_case.py (clocks left as they are);
+  # NCU_SOURCE=1: also the source counters (kernels built with -lineinfo), summarised per
+  # source line by tools/ncu_source.py into $OUT/ncu-source.md
+  src=()
+  [ -n "${NCU_SOURCE:-}" ] && src=(--section SourceCounters --import-source yes -o "$OUT/ncu")
+  DYADIC_CUDA_PROF=${NCU_SOURCE:+1} timeout ${NCU_T:-300} ncu --clock-control none \
+      --nvtx --nvtx-include "timed/" --kernel-name "regex:${NCU_KERNELS:-logits_}" \
       --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section MemoryWorkloadAnalysis "${src[@]}" \
       python3 tools/run_case.py --batch ${BATCH:-1,64} \
       --cases "${NCU_CASES:-=verify_k5_logits_dense_lazy_close_cold}" \
       > "$OUT/ncu.txt" 2>&1
   echo "ncu exit: $?"
+  if [ -n "${NCU_SOURCE:-}" ]; then
+    ncu -i "$OUT/ncu.ncu-rep" --page details >> "$OUT/ncu.txt" 2>&1
+    ncu -i "$OUT/ncu.ncu-rep" --page source --print-source cuda,sass --csv > "$OUT/ncu-source.csv" 2>&1
+    python3 tools/ncu_source.py "$OUT/ncu-source.csv" > "$OUT/ncu-source.md" 2>&1
+    head -30 "$OUT/ncu-source.md"
+    rm -f "$OUT/ncu.ncu-rep"
+  fi
   grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Compute \(SM\) Throughput|Warp Cycles Per Issued|Stall" "$OUT/ncu.txt" | tail -${TAIL:-200}
   fi
   stamp done
