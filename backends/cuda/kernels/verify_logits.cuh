@@ -793,6 +793,20 @@ static __device__ __noinline__ void lg_hist_other_call(const LgRow& row, double 
   lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm);
 }
 
+/* logits_hist's work for a 32-bit word of two bfloat16 logits (tokens v: the low half,
+ * v + 1) of a table row when either lies outside the row's values: a table value's count
+ * into ec, another token's weight as lg_hist_other.  Out of line, as lg_hist_other_call. */
+static __device__ __noinline__ void lg_hist_word_call(const LgRow& row, double zmax, u32 h,
+                                                      u64 mpw, bool counts, u32* sc, u64* sm,
+                                                      u32* ec) {
+  const u32 xb[2] = {h << 16, h & 0xFFFF0000u};
+  for (int i = 0; i < 2; ++i) {
+    const int s = lg_slot(xb[i], row.e0);
+    if (s >= 0) atomicAdd(&ec[s], 1u);
+    else lg_hist_other(row, zmax, xb[i], LG_GTAB, mpw, counts, sc, sm);
+  }
+}
+
 /* logits_hist's last block, the row's histogram in sc / sm: the top-k cut's bucket
  * (count) or else top-p's (mass), each placed from the value counts where it can
  * (lg_value_pick), else left in the record for logits_resolve; a row with neither cut is
@@ -863,10 +877,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   __shared__ int is_last;
   __shared__ u32 sc[LG_NB];
   __shared__ u64 sm[LG_NB];
-  /* tokens per table value, two 16-bit counts a word (a tile holds at most
-   * routes.LOGITS_MAX_TILE = 32768 tokens) */
-  __shared__ u32 ec[LG_TE / 2];
-  __shared__ uint64_t stab[4][256];
+  /* a table row: its tile's tokens per table value (u32 ec[LG_TE]); a row without a
+   * table: the exponential's table (uint64_t[4][256]) */
+  __shared__ u64 eb[LG_TE / 2];
+  static_assert(sizeof(eb) >= 4 * 256 * sizeof(uint64_t), "eb holds the exponential's table");
+  u32* const ec = (u32*)eb;
   __shared__ LgFound fd;
   const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
   LgReq q;
@@ -877,10 +892,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   const u64 mpw = rc[LG_MPW];
   const bool table = row.e0 != LG_NOWIN;
   for (int j = tid; j < LG_NB; j += 256) { sc[j] = 0; sm[j] = 0; }
-  if (table) for (int j = tid; j < LG_TE / 2; j += 256) ec[j] = 0;
+  if (table) for (int j = tid; j < LG_TE / 2; j += 256) eb[j] = 0;
   /* the exponential's table in shared memory where every token computes its weight;
    * a table row's few tokens outside its values read it from global memory */
-  const LgTab tab = table ? LG_GTAB : lg_load_table(stab);
+  const LgTab tab = table ? LG_GTAB : lg_load_table((uint64_t(*)[256])eb);
   __syncthreads();  /* the zeroed counts */
   const int lo = t * tile, hi = min(V, lo + tile);
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
@@ -888,18 +903,41 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   if (row.dt == 0)  /* float32: one loop, the token's work inline */
     lg_tile(row, lo, hi,
             [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
-  else  /* 16-bit: a table value counted inline, any other token's work out of line */
+  else if (!table)  /* float16 (no table): every token's work out of line */
     lg_tile(row, lo, hi, [&](int, u32 xb) {
+      lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
+    });
+  else {  /* bfloat16 with a table: a word of two table values counted inline */
+    /* a bfloat16 h is in the table iff (h & 0x7FFF) - (e0 << 7) is in [0, 2048) (binade
+     * and mantissa); on both halves of a word at once, each half offset by 0x8000 so
+     * that no borrow crosses it: in the table iff the half is in [0x8000, 0x8800).  The
+     * entry is then those 11 bits, with the sign at bit 11 (lg_slot). */
+    const u32 base2 = (row.e0 << 7) * 0x10001u;
+    lg_tile16((const u16*)row.x + row.off, lo, hi, [&](int, u32 h) {
+      const u32 d2 = (h | 0x80008000u) - base2;
+      if ((d2 & 0xF800F800u) == 0x80008000u) {
+        atomicAdd(&ec[(d2 & 0x7FFu) | ((h >> 4) & 0x800u)], 1u);
+        atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((h >> 20) & 0x800u)], 1u);
+      } else {
+        lg_hist_word_call(row, zmax, h, mpw, counts, sc, sm, ec);
+      }
+    }, [&](int, u16 h) {  /* a token outside the 16-byte aligned words */
+      const u32 xb = (u32)h << 16;
       const int s = lg_slot(xb, row.e0);
-      if (s >= 0) atomicAdd(&ec[s >> 1], 1u << ((s & 1) << 4));
+      if (s >= 0) atomicAdd(&ec[s], 1u);
       else lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
     });
+  }
   __syncthreads();
   DY_TL_MARK(0);  /* the tile's tokens counted */
   u32* tc = tcnt + (i64)r * nt * (LG_TE / 2);  /* the row's tile counts (table rows) */
   if (table) {  /* the tile's counts for the value cut; each value present: count x W
                  * into its bucket */
-    for (int j = tid; j < LG_TE / 2; j += 256) tc[(i64)t * (LG_TE / 2) + j] = ec[j];
+    for (int j = tid; j < LG_TE / 2; j += 256) {  /* two 16-bit counts a word (a tile
+                                                    * holds at most 32768 tokens) */
+      const u64 e = eb[j];
+      tc[(i64)t * (LG_TE / 2) + j] = (u32)e | ((u32)(e >> 32) << 16);
+    }
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
     /* warp wp enters values [512 wp, 512 wp + 512), lane l those l + 32 u: the loads of
@@ -918,7 +956,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = jb + 32 * (u0 + u);
-        c[u] = (ec[j >> 1] >> ((j & 1) << 4)) & 0xFFFFu;
+        c[u] = ec[j];
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
