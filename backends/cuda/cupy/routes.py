@@ -97,7 +97,7 @@ RESIDUAL_MAX_TILE = 8192
 #: (an entry a thread, over every SM), over more by logits_max's tails (each table on one
 #: SM, the tails overlapping the other rows' passes).  LG_TABLE_ROWS of verify_logits.cuh.
 LOGITS_TABLE_ROWS = 128
-LOGITS_MAX_TILE = 32768  # < 65536: logits_hist counts a tile's tokens per value in 16 bits
+LOGITS_MAX_TILE = 32768  # < 65536: logits_hist stores a tile's counts per value in 16 bits
 LOGITS_FEW_ROWS = 8
 LOGITS_FEW_ROWS_PER_SM = 4
 LOGITS_ROWS_PER_SM = 2
