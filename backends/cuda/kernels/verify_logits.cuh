@@ -793,18 +793,26 @@ static __device__ __noinline__ void lg_hist_other_call(const LgRow& row, double 
   lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm);
 }
 
+/* logits_hist's work for a token of a table row (xb: its logit's float32 bits): its
+ * value's count into ec, or other(xb) for a token outside the row's values. */
+template <class F>
+DC_FN void lg_hist_table_token(const LgRow& row, u32 xb, u32* ec, F other) {
+  const int s = lg_slot(xb, row.e0);
+  if (s >= 0) atomicAdd(&ec[s], 1u);
+  else other(xb);
+}
+
 /* logits_hist's work for a 32-bit word of two bfloat16 logits (tokens v: the low half,
- * v + 1) of a table row when either lies outside the row's values: a table value's count
- * into ec, another token's weight as lg_hist_other.  Out of line, as lg_hist_other_call. */
+ * v + 1) of a table row when either lies outside the row's values: lg_hist_table_token,
+ * another token's weight as lg_hist_other.  Out of line, as lg_hist_other_call. */
 static __device__ __noinline__ void lg_hist_word_call(const LgRow& row, double zmax, u32 h,
                                                       u64 mpw, bool counts, u32* sc, u64* sm,
                                                       u32* ec) {
   const u32 xb[2] = {h << 16, h & 0xFFFF0000u};
-  for (int i = 0; i < 2; ++i) {
-    const int s = lg_slot(xb[i], row.e0);
-    if (s >= 0) atomicAdd(&ec[s], 1u);
-    else lg_hist_other(row, zmax, xb[i], LG_GTAB, mpw, counts, sc, sm);
-  }
+  for (int i = 0; i < 2; ++i)
+    lg_hist_table_token(row, xb[i], ec, [&](u32 o) {
+      lg_hist_other(row, zmax, o, LG_GTAB, mpw, counts, sc, sm);
+    });
 }
 
 /* logits_hist's last block, the row's histogram in sc / sm: the top-k cut's bucket
@@ -922,10 +930,9 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
         lg_hist_word_call(row, zmax, h, mpw, counts, sc, sm, ec);
       }
     }, [&](int, u16 h) {  /* a token outside the 16-byte aligned words */
-      const u32 xb = (u32)h << 16;
-      const int s = lg_slot(xb, row.e0);
-      if (s >= 0) atomicAdd(&ec[s], 1u);
-      else lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
+      lg_hist_table_token(row, (u32)h << 16, ec, [&](u32 o) {
+        lg_hist_other_call(row, zmax, o, tab, mpw, counts, sc, sm);
+      });
     });
   }
   __syncthreads();
@@ -951,6 +958,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     int rb = -1;  /* the run's bucket, count and mass */
     u32 rn = 0;
     u64 rm = 0;
+    auto flush = [&] { if (counts) atomicAdd(&sc[rb], rn); dc_shared_add64(&sm[rb], rm); };
     for (int u0 = 0; u0 < N; u0 += U) {
       u32 c[U]; u64 w[U]; int bk[U];
 #pragma unroll
@@ -968,13 +976,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
       for (int u = 0; u < U; ++u) {
         if (!w[u]) continue;
         if (bk[u] != rb) {
-          if (rb >= 0) { if (counts) atomicAdd(&sc[rb], rn); dc_shared_add64(&sm[rb], rm); }
+          if (rb >= 0) flush();
           rb = bk[u]; rn = 0; rm = 0;
         }
         rn += c[u]; rm += (u64)c[u] * w[u];
       }
     }
-    if (rb >= 0) { if (counts) atomicAdd(&sc[rb], rn); dc_shared_add64(&sm[rb], rm); }
+    if (rb >= 0) flush();
     __syncthreads();
   }
   u32* gc = hcnt + (i64)r * LG_NB;
