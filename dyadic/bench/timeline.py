@@ -24,6 +24,10 @@ the stamps are reset before each call and read after it, and the medians over
     total  from its start to its end
 
     marks  "m: t" for each mark every call passed, t from the kernel's start
+    a block  the mean over the call's blocks of each block's own times from its start:
+           its life (to its return), to its election and to each mark; where the
+           kernel's pass goes (a block waiting on memory, its steps before and after
+           the tile) where the latest stamps show only the last block
 
 A kernel without an election has only start, gap, total and its marks; a kernel launched more
 than once in one call spans its first start to its last end.  The stamps cost a few
@@ -50,33 +54,62 @@ ARRAY = "dy_timeline"
 _ELECT = re.compile(r"(template\s*<[^<>]*>\s*)?DC_FN\s+bool\s+dc_elect_last\s*\(")
 _STAMPS = r"""
 /* dyadic.bench timeline: per kernel [first start, last pass end, last election, last end,
- * the last passes of marks 0..3] (%globaltimer ns); the last row is the sink of elections
- * and marks outside a kernel's body */
-__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][8];
+ * the last passes of marks 0..3] (%globaltimer ns), then the sums over its blocks [blocks,
+ * their lives, their times to the election, blocks reaching it, their times to marks 0..3,
+ * blocks passing each]; the last row is the sink of elections and marks outside a
+ * kernel's body (whose block start reads as 0 there) */
+__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][20];
 static constexpr int dy_tl_k = DY_TL_KERNELS;
+static constexpr unsigned long long dy_tl_t0 = 0;
 __device__ __forceinline__ unsigned long long dy_tl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+__device__ __forceinline__ void dy_tl_span(int k, int sum, int n, unsigned long long t0,
+                                           unsigned long long t) {
+  atomicAdd(&dy_timeline[k][sum], t - t0);
+  atomicAdd(&dy_timeline[k][n], 1ull);
+}
 struct DyTlEnd {
   int k;
-  __device__ ~DyTlEnd() { if (threadIdx.x == 0) atomicMax(&dy_timeline[k][3], dy_tl_now()); }
+  unsigned long long t0;
+  __device__ ~DyTlEnd() {
+    if (threadIdx.x == 0) {
+      const unsigned long long t = dy_tl_now();
+      atomicMax(&dy_timeline[k][3], t);
+      atomicAdd(&dy_timeline[k][8], 1ull);
+      atomicAdd(&dy_timeline[k][9], t - t0);
+    }
+  }
 };
-#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; (void)dy_tl_k; DyTlEnd dy_tl_end{K}; \
-  if (threadIdx.x == 0) atomicMin(&dy_timeline[K][0], dy_tl_now());
-__device__ __forceinline__ int dy_tl_pass(int k) {
-  if (threadIdx.x == 0) atomicMax(&dy_timeline[k][1], dy_tl_now());
+#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; (void)dy_tl_k; \
+  const unsigned long long dy_tl_t0 = dy_tl_now(); (void)dy_tl_t0; \
+  DyTlEnd dy_tl_end{K, dy_tl_t0}; \
+  if (threadIdx.x == 0) atomicMin(&dy_timeline[K][0], dy_tl_t0);
+__device__ __forceinline__ int dy_tl_pass(int k, unsigned long long t0) {
+  if (threadIdx.x == 0) {
+    const unsigned long long t = dy_tl_now();
+    atomicMax(&dy_timeline[k][1], t);
+    dy_tl_span(k, 10, 11, t0, t);
+  }
   return 0;
 }
 __device__ __forceinline__ bool dy_tl_elect(int k, bool last) {
   if (last && threadIdx.x == 0) atomicMax(&dy_timeline[k][2], dy_tl_now());
   return last;
 }
-#define DY_TL_MARK(m) do { \
-  if (threadIdx.x == 0) atomicMax(&dy_timeline[dy_tl_k][4 + (m)], dy_tl_now()); } while (0)
+#define DY_TL_MARK(m) do { if (threadIdx.x == 0) { \
+  const unsigned long long dy_tl_t = dy_tl_now(); \
+  atomicMax(&dy_timeline[dy_tl_k][4 + (m)], dy_tl_t); \
+  dy_tl_span(dy_tl_k, 12 + (m), 16 + (m), dy_tl_t0, dy_tl_t); } } while (0)
 """
 MARKS = 4  # DY_TL_MARK(0..3)
+# the per-block sums after the 4 + MARKS stamps (_STAMPS): blocks, the sum of their lives,
+# the sum of their times to the election and how many reached it, the sums of their times
+# to each mark, then how many passed each
+BLOCKS, LIFE, ARRIVE, ARRIVED, TO_MARK, PASSED = 8, 9, 10, 11, 12, 12 + MARKS
+COLS = PASSED + MARKS
 
 
 def _blank_comments(text):
@@ -148,7 +181,7 @@ def instrument(kernel_dir, dst):
                          "with a closing brace on its own line")
     end += 3
     fn = text[m.start():end].replace("dc_elect_last(", "dc_elect_last_impl(", 1)
-    macro = ("#define dc_elect_last(...) (dy_tl_pass(dy_tl_k), "
+    macro = ("#define dc_elect_last(...) (dy_tl_pass(dy_tl_k, dy_tl_t0), "
              "dy_tl_elect(dy_tl_k, dc_elect_last_impl(__VA_ARGS__)))\n")
     with open(common, "w") as f:
         f.write(text[:m.start()] + fn + macro + text[end:])
@@ -162,10 +195,13 @@ def instrument(kernel_dir, dst):
 
 def summarise(stamps, names):
     """Per-kernel medians (us) over calls from ``stamps``, a list of one uint64 array
-    [len(names) + 1, 4 + MARKS] per call (instrument's layout): rows {"kernel", "start",
-    "gap", "pass", "wait", "tail", "total", "marks"} in launch order, None where a kernel
-    has no election (and "gap" of the first); "marks" {m: time from the kernel's start}
-    of the marks passed in every call.  A kernel counts when it ran in every call; each call's
+    [len(names) + 1, COLS] per call (instrument's layout): rows {"kernel", "start",
+    "gap", "pass", "wait", "tail", "total", "marks", "block"} in launch order, None where
+    a kernel has no election (and "gap" of the first); "marks" {m: time from the kernel's
+    start} of the marks passed in every call; "block" the mean over a call's blocks of
+    each block's own times from its start: {"life": to its end, "pass": to its election
+    (None without one), "marks": {m: to mark m}}, each a median over the calls, the marks
+    those passed in every call.  A kernel counts when it ran in every call; each call's
     times are from its first kernel start."""
     never = np.iinfo(np.uint64).max
     ran = [i for i in range(len(names)) if all(s[i][0] != never for s in stamps)]
@@ -189,6 +225,14 @@ def summarise(stamps, names):
             row["tail"] = med([e - x for x, e in zip(el, en)])
         row["marks"] = {m: med([x - b for b, x in zip(st, rel(i, 4 + m))])
                         for m in range(MARKS) if all(s[i][4 + m] for s in stamps)}
+
+        def mean(total, n):  # a call's mean over the blocks counted in column n, or None
+            if not all(s[i][n] for s in stamps):
+                return None
+            return med([int(s[i][total]) / int(s[i][n]) for s in stamps])
+        row["block"] = {"life": mean(LIFE, BLOCKS), "pass": mean(ARRIVE, ARRIVED),
+                        "marks": {m: v for m in range(MARKS)
+                                  if (v := mean(TO_MARK + m, PASSED + m)) is not None}}
         rows.append((row, st, en))
     rows.sort(key=lambda r: r[0]["start"])
     for (_, _, prev_end), (row, st, _) in zip(rows, rows[1:]):
@@ -197,14 +241,20 @@ def summarise(stamps, names):
 
 
 def markdown(rows):
-    """The rows of ``summarise`` as a Markdown table."""
+    """The rows of ``summarise`` as a Markdown table (the last column: a block's mean
+    life, time to its election and to each mark)."""
     cols = ("start", "gap", "pass", "wait", "tail", "total")
-    lines = ["| kernel | " + " | ".join(cols) + " | marks |",
-             "|---" + "|---:" * len(cols) + "|---|"]
+    lines = ["| kernel | " + " | ".join(cols) + " | marks | a block: life / pass / marks |",
+             "|---" + "|---:" * len(cols) + "|---|---|"]
     for r in rows:
         marks = ", ".join(f"{m}: {t:.2f}" for m, t in sorted(r["marks"].items()))
+        blk = r.get("block") or {}
+        own = " / ".join("-" if blk.get(c) is None else f"{blk[c]:.2f}"
+                         for c in ("life", "pass"))
+        own += "".join(f", {m}: {t:.2f}" for m, t in sorted(blk.get("marks", {}).items()))
         lines.append(f"| `{r['kernel']}` | " + " | ".join(
-            "-" if r[c] is None else f"{r[c]:.2f}" for c in cols) + f" | {marks or '-'} |")
+            "-" if r[c] is None else f"{r[c]:.2f}" for c in cols)
+            + f" | {marks or '-'} | {own} |")
     return "\n".join(lines)
 
 
@@ -253,7 +303,7 @@ def main(argv=None):
         mod = runtime.compile_module(kdir, runtime.include_dir())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    stamps = cupy.ndarray((len(names) + 1, 4 + MARKS), cupy.uint64, mod.get_global(ARRAY))
+    stamps = cupy.ndarray((len(names) + 1, COLS), cupy.uint64, mod.get_global(ARRAY))
     own = {n: runtime.kernel(n) for n in names}
     timed = {n: runtime.launcher(mod, n) for n in names}
 

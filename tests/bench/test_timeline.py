@@ -104,12 +104,17 @@ def test_folders_it_cannot_instrument(tmp_path, files, why):
         timeline.instrument(src, str(tmp_path / "dst"))
 
 
-def _call(rows):
-    """One call's stamps for three kernels (the last row: the sink), us -> ns."""
-    a = np.zeros((4, 4 + timeline.MARKS), np.uint64)
+def _call(rows, blocks=None):
+    """One call's stamps for three kernels (the last row: the sink), us -> ns; blocks
+    {kernel: {column: value}} the per-block sums (times in us, counts as they are)."""
+    a = np.zeros((4, timeline.COLS), np.uint64)
     a[:, 0] = NEVER
     for i, r in rows.items():
         a[i, :len(r)] = [int(x * 1000) for x in r]
+    for i, cols in (blocks or {}).items():
+        for c, v in cols.items():
+            a[i, c] = v * 1000 if c in (timeline.LIFE, timeline.ARRIVE) or \
+                timeline.TO_MARK <= c < timeline.PASSED else v
     return a
 
 
@@ -128,10 +133,30 @@ def test_summarise_medians_in_launch_order():
     assert (b["start"], b["gap"], b["pass"], b["wait"], b["tail"], b["total"]) == \
         (26.0, 4.0, None, None, None, 6.0)
     assert a["marks"] == {1: 16.0} and b["marks"] == {}  # mark 0 was missed in two calls
+    assert a["block"] == {"life": None, "pass": None, "marks": {}}  # no block sums here
     md = timeline.markdown(rows)
-    assert "| `a` | 0.00 | - | 12.00 | 1.00 | 9.00 | 22.00 | 1: 16.00 |" in md
-    assert "| `b` | 26.00 | 4.00 | - | - | - | 6.00 | - |" in md
+    assert "| `a` | 0.00 | - | 12.00 | 1.00 | 9.00 | 22.00 | 1: 16.00 | - / - |" in md
+    assert "| `b` | 26.00 | 4.00 | - | - | - | 6.00 | - | - / - |" in md
     assert timeline.summarise([_call({})], ["x", "y", "z"]) == []
+
+
+def test_a_blocks_own_times_are_means_over_its_blocks():
+    """Each call's sums over blocks become means, then medians over the calls; a mark a
+    call's blocks never passed is left out, as is the election of a kernel without."""
+    t = 1_000
+    L, A, N, M, P = (timeline.LIFE, timeline.ARRIVE, timeline.ARRIVED, timeline.TO_MARK,
+                     timeline.PASSED)
+    B = timeline.BLOCKS
+    calls = [_call({0: (t, t + 9, t + 9, t + 10)},  # 4 blocks living 5 us each on average
+                   {0: {B: 4, L: 20, A: 16, N: 4, M: 8, P: 4, M + 2: 3, P + 2: 1}}),
+             _call({0: (2 * t, 2 * t + 9, 2 * t + 9, 2 * t + 10)},
+                   {0: {B: 2, L: 14, A: 12, N: 2, M: 2, P: 2}}),
+             _call({0: (3 * t, 3 * t + 9, 3 * t + 9, 3 * t + 10)},
+                   {0: {B: 5, L: 30, A: 20, N: 4, M: 15, P: 5, M + 2: 1, P + 2: 1}})]
+    (row,) = timeline.summarise(calls, ["a", "b", "c"])
+    # lives 5, 7, 6; elections 4, 6, 5; mark 0: 2, 1, 3; mark 2 missed in call 2
+    assert row["block"] == {"life": 6.0, "pass": 5.0, "marks": {0: 2.0}}
+    assert "| 6.00 / 5.00, 0: 2.00 |" in timeline.markdown([row])
 
 
 def test_a_kernel_missing_from_one_call_is_left_out():
