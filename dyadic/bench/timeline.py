@@ -57,41 +57,38 @@ _STAMPS = r"""
  * the last passes of marks 0..3] (%globaltimer ns), then the sums over its blocks [blocks,
  * their lives, their times to the election, blocks reaching it, their times to marks 0..3,
  * blocks passing each]; the last row is the sink of elections and marks outside a
- * kernel's body (whose block start reads as 0 there) */
+ * kernel's body.  dy_tl_t0: the block's start, which thread 0 writes and reads alone (in
+ * shared memory: the kernels hold no register for it) */
 __device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][20];
+__shared__ unsigned long long dy_tl_t0;
 static constexpr int dy_tl_k = DY_TL_KERNELS;
-static constexpr unsigned long long dy_tl_t0 = 0;
 __device__ __forceinline__ unsigned long long dy_tl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void dy_tl_span(int k, int sum, int n, unsigned long long t0,
-                                           unsigned long long t) {
-  atomicAdd(&dy_timeline[k][sum], t - t0);
+/* thread 0: now is t; the block's time to it into column sum, one more block into n */
+__device__ __forceinline__ void dy_tl_span(int k, int sum, int n, unsigned long long t) {
+  atomicAdd(&dy_timeline[k][sum], t - dy_tl_t0);
   atomicAdd(&dy_timeline[k][n], 1ull);
 }
 struct DyTlEnd {
   int k;
-  unsigned long long t0;
   __device__ ~DyTlEnd() {
     if (threadIdx.x == 0) {
       const unsigned long long t = dy_tl_now();
       atomicMax(&dy_timeline[k][3], t);
-      atomicAdd(&dy_timeline[k][8], 1ull);
-      atomicAdd(&dy_timeline[k][9], t - t0);
+      dy_tl_span(k, 9, 8, t);
     }
   }
 };
-#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; (void)dy_tl_k; \
-  const unsigned long long dy_tl_t0 = dy_tl_now(); (void)dy_tl_t0; \
-  DyTlEnd dy_tl_end{K, dy_tl_t0}; \
-  if (threadIdx.x == 0) atomicMin(&dy_timeline[K][0], dy_tl_t0);
-__device__ __forceinline__ int dy_tl_pass(int k, unsigned long long t0) {
+#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; (void)dy_tl_k; DyTlEnd dy_tl_end{K}; \
+  if (threadIdx.x == 0) { dy_tl_t0 = dy_tl_now(); atomicMin(&dy_timeline[K][0], dy_tl_t0); }
+__device__ __forceinline__ int dy_tl_pass(int k) {
   if (threadIdx.x == 0) {
     const unsigned long long t = dy_tl_now();
     atomicMax(&dy_timeline[k][1], t);
-    dy_tl_span(k, 10, 11, t0, t);
+    dy_tl_span(k, 10, 11, t);
   }
   return 0;
 }
@@ -102,7 +99,7 @@ __device__ __forceinline__ bool dy_tl_elect(int k, bool last) {
 #define DY_TL_MARK(m) do { if (threadIdx.x == 0) { \
   const unsigned long long dy_tl_t = dy_tl_now(); \
   atomicMax(&dy_timeline[dy_tl_k][4 + (m)], dy_tl_t); \
-  dy_tl_span(dy_tl_k, 12 + (m), 16 + (m), dy_tl_t0, dy_tl_t); } } while (0)
+  dy_tl_span(dy_tl_k, 12 + (m), 16 + (m), dy_tl_t); } } while (0)
 """
 MARKS = 4  # DY_TL_MARK(0..3)
 # the per-block sums after the 4 + MARKS stamps (_STAMPS): blocks, the sum of their lives,
@@ -181,7 +178,7 @@ def instrument(kernel_dir, dst):
                          "with a closing brace on its own line")
     end += 3
     fn = text[m.start():end].replace("dc_elect_last(", "dc_elect_last_impl(", 1)
-    macro = ("#define dc_elect_last(...) (dy_tl_pass(dy_tl_k, dy_tl_t0), "
+    macro = ("#define dc_elect_last(...) (dy_tl_pass(dy_tl_k), "
              "dy_tl_elect(dy_tl_k, dc_elect_last_impl(__VA_ARGS__)))\n")
     with open(common, "w") as f:
         f.write(text[:m.start()] + fn + macro + text[end:])
