@@ -911,7 +911,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   if (row.dt == 0)  /* float32: one loop, the token's work inline */
     lg_tile(row, lo, hi,
             [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
-  else if (!table)  /* float16 (no table): every token's work out of line */
+  else if (!table)  /* 16-bit without a table (float16, or a bfloat16 row outside the
+                     * table's reach): every token's work out of line */
     lg_tile(row, lo, hi, [&](int, u32 xb) {
       lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
     });
