@@ -59,7 +59,7 @@ _STAMPS = r"""
  * blocks passing each]; the last row is the sink of elections and marks outside a
  * kernel's body.  dy_tl_t0: the block's start, which thread 0 writes and reads alone (in
  * shared memory: the kernels hold no register for it) */
-__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][20];
+__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][DY_TL_COLS];
 __shared__ unsigned long long dy_tl_t0;
 static constexpr int dy_tl_k = DY_TL_KERNELS;
 __device__ __forceinline__ unsigned long long dy_tl_now() {
@@ -78,7 +78,7 @@ struct DyTlEnd {
     if (threadIdx.x == 0) {
       const unsigned long long t = dy_tl_now();
       atomicMax(&dy_timeline[k][3], t);
-      dy_tl_span(k, 9, 8, t);
+      dy_tl_span(k, DY_TL_LIFE, DY_TL_BLOCKS, t);
     }
   }
 };
@@ -88,7 +88,7 @@ __device__ __forceinline__ int dy_tl_pass(int k) {
   if (threadIdx.x == 0) {
     const unsigned long long t = dy_tl_now();
     atomicMax(&dy_timeline[k][1], t);
-    dy_tl_span(k, 10, 11, t);
+    dy_tl_span(k, DY_TL_ARRIVE, DY_TL_ARRIVED, t);
   }
   return 0;
 }
@@ -99,7 +99,7 @@ __device__ __forceinline__ bool dy_tl_elect(int k, bool last) {
 #define DY_TL_MARK(m) do { if (threadIdx.x == 0) { \
   const unsigned long long dy_tl_t = dy_tl_now(); \
   atomicMax(&dy_timeline[dy_tl_k][4 + (m)], dy_tl_t); \
-  dy_tl_span(dy_tl_k, 12 + (m), 16 + (m), dy_tl_t); } } while (0)
+  dy_tl_span(dy_tl_k, DY_TL_TO_MARK + (m), DY_TL_PASSED + (m), dy_tl_t); } } while (0)
 """
 MARKS = 4  # DY_TL_MARK(0..3)
 # the per-block sums after the 4 + MARKS stamps (_STAMPS): blocks, the sum of their lives,
@@ -107,6 +107,9 @@ MARKS = 4  # DY_TL_MARK(0..3)
 # to each mark, then how many passed each
 BLOCKS, LIFE, ARRIVE, ARRIVED, TO_MARK, PASSED = 8, 9, 10, 11, 12, 12 + MARKS
 COLS = PASSED + MARKS
+_COLUMNS = "".join(f"#define DY_TL_{n} {v}\n" for n, v in (
+    ("COLS", COLS), ("BLOCKS", BLOCKS), ("LIFE", LIFE), ("ARRIVE", ARRIVE),
+    ("ARRIVED", ARRIVED), ("TO_MARK", TO_MARK), ("PASSED", PASSED)))
 
 
 def _blank_comments(text):
@@ -186,7 +189,7 @@ def instrument(kernel_dir, dst):
     with open(main) as f:
         text = f.read()
     with open(main, "w") as f:
-        f.write(f"#define DY_TL_KERNELS {len(names)}\n" + _STAMPS + text)
+        f.write(f"#define DY_TL_KERNELS {len(names)}\n" + _COLUMNS + _STAMPS + text)
     return names
 
 

@@ -38,6 +38,9 @@ def test_every_kernel_stamps_and_the_sources_are_untouched(tmp_path):
         k = re.search(r"\b%s\s*\(" % n, body).start()
         assert body.index(f" DY_TL_BEGIN({i})") > k
     assert out["kernels.cu"].startswith(f"#define DY_TL_KERNELS {len(names)}\n")
+    # the per-block columns the kernels add to are the ones summarise reads
+    for name in ("COLS", "BLOCKS", "LIFE", "ARRIVE", "ARRIVED", "TO_MARK", "PASSED"):
+        assert f"#define DY_TL_{name} {getattr(timeline, name)}\n" in out["kernels.cu"]
     assert out["kernels.cu"].endswith(before["kernels.cu"])
     common = out["common.cuh"]
     assert "DC_FN bool dc_elect_last_impl(" in common
