@@ -248,10 +248,9 @@ def markdown(rows):
              "|---" + "|---:" * len(cols) + "|---|---|"]
     for r in rows:
         marks = ", ".join(f"{m}: {t:.2f}" for m, t in sorted(r["marks"].items()))
-        blk = r.get("block") or {}
-        own = " / ".join("-" if blk.get(c) is None else f"{blk[c]:.2f}"
-                         for c in ("life", "pass"))
-        own += "".join(f", {m}: {t:.2f}" for m, t in sorted(blk.get("marks", {}).items()))
+        blk = r["block"]
+        own = " / ".join("-" if blk[c] is None else f"{blk[c]:.2f}" for c in ("life", "pass"))
+        own += "".join(f", {m}: {t:.2f}" for m, t in sorted(blk["marks"].items()))
         lines.append(f"| `{r['kernel']}` | " + " | ".join(
             "-" if r[c] is None else f"{r[c]:.2f}" for c in cols)
             + f" | {marks or '-'} | {own} |")
