@@ -388,6 +388,53 @@ def test_bf16_cuts_on_tied_values(cuda, b):
         assert not _np(want.status).any()
 
 
+@pytest.mark.parametrize("b", [4, 64])
+def test_bf16_tiles_of_one_row_in_different_ranges(cuda, b):
+    """bfloat16 rows at V=129280 whose parts lie in different ranges, so that a row's tiles
+    have largest magnitudes from its own down to 2**-30 below it: 4096-token runs scaled
+    by 2**-20 .. 2**4, half a row scaled by 2**-12, runs of 50000 tokens of 2**-30 x, of
+    exact zeros, of -inf or of subnormals, zeros and tiny values sprinkled one in a
+    thousand, magnitudes growing 2**23-fold along the row (the first loads of a tile
+    hold its smallest); temperatures 0.5 / 1 / 40 with top-p, top-k and min-p mixed: cuda equals cpu
+    bit for bit (every token of every tile is weighed, whichever range its tile spans)."""
+    torch = cuda
+    rng = np.random.default_rng(53 + b)
+    k, v = 2, V_REAL
+    x = 3 * rng.standard_normal((b, k + 1, v))
+    run = slice(40000, 90000)
+    for r in range(b):
+        for i in range(k + 1):
+            row, kind = x[r, i], (r * (k + 1) + i) % 8
+            if kind == 0:
+                row *= np.repeat(np.exp2(rng.integers(-20, 5, -(-v // 4096))), 4096)[:v]
+            elif kind == 1:
+                row[: v // 2] *= 2.0**-12
+            elif kind == 2:
+                row[run] = 0.0
+            elif kind == 3:
+                row[run] = -np.inf
+            elif kind == 4:
+                row[rng.random(v) < 1e-3] = 0.0
+                row[rng.random(v) < 1e-3] *= 2.0**-30
+            elif kind == 5:
+                row[run] *= 2.0**-30
+            elif kind == 6:
+                row[run] = 1e-39 * rng.standard_normal(run.stop - run.start)
+            else:  # magnitudes growing along the row: a tile's first loads its smallest
+                row *= np.exp2(np.linspace(-20, 3, v))
+    x = x.astype(np.float32)
+    recipes = [(1.0, 0, 0.9, 0.0), (40.0, 0, 0.999, 0.0), (0.5, 5000, 1.0, 0.0),
+               (1.0, 300, 0.95, 0.01), (40.0, 60000, 0.9, 0.0), (1.0, 0, 1.0, 0.001)]
+    t, tk, tp, mp = (np.array(c) for c in zip(*(recipes[i % 6] for i in range(b))))
+    params = {"temperature": t.astype(np.float64), "top_k": tk.astype(np.int64),
+              "top_p": tp.astype(np.float32), "min_p": mp.astype(np.float32)}
+    for qkind, check in (("dense", False), ("sparse", "lazy")):
+        q, draft = _q_draft(rng, x, k, qkind)
+        _, want = _both(torch, x, "bfloat16", draft, q, _keys(rng, b), params, check,
+                        on_device={"params", "keys"})
+        assert not _np(want.status).any()
+
+
 def _tied_at_boundary(row, top_p):
     """How many tokens share the value at which a row's top-p prefix ends (T = 1; from
     float64 weights: the test's premise, not the rule)."""
