@@ -374,16 +374,26 @@ def test_bf16_cuts_on_tied_values(cuda, b):
                (50.0, 0, 0.9, 0.0), (50.0, 30000, 0.95, 0.0), (1000.0, 0, 0.5, 0.0),
                (0.3, 0, 0.9, 0.0), (1.0, 0, 0.95, 0.05), (1.0, 400, 0.97, 0.0),
                (1.0, 0, 0.5, 0.0)]
-    t, tk, tp, mp = (np.array(c) for c in zip(*(recipes[i % 16] for i in range(b))))
     for r in range(15, b, 16):  # tiny logits around two large ones
         x[r] *= 1e-6
         x[r, :, :2] = 0.5
-    x = x.astype(np.float32)
-    params = {"temperature": t.astype(np.float64), "top_k": tk.astype(np.int64),
-              "top_p": tp.astype(np.float32), "min_p": mp.astype(np.float32)}
+    _bf16_dense_and_sparse(torch, rng, x.astype(np.float32), k, _cycled_params(recipes, b))
+
+
+def _cycled_params(recipes, b):
+    """Parameter arrays [B] (temperature float64, top_k int64, top_p / min_p float32):
+    request i takes recipes[i % len(recipes)], each (temperature, top_k, top_p, min_p)."""
+    t, tk, tp, mp = (np.array(c) for c in zip(*(recipes[i % len(recipes)] for i in range(b))))
+    return {"temperature": t.astype(np.float64), "top_k": tk.astype(np.int64),
+            "top_p": tp.astype(np.float32), "min_p": mp.astype(np.float32)}
+
+
+def _bf16_dense_and_sparse(torch, rng, x, k, params):
+    """cuda == cpu on the logits x [b, k + 1, V] in bfloat16 with dense q (check=False)
+    and top-32 q ("lazy"), parameters and keys on the device; no request fails."""
     for qkind, check in (("dense", False), ("sparse", "lazy")):
         q, draft = _q_draft(rng, x, k, qkind)
-        _, want = _both(torch, x, "bfloat16", draft, q, _keys(rng, b), params, check,
+        _, want = _both(torch, x, "bfloat16", draft, q, _keys(rng, x.shape[0]), params, check,
                         on_device={"params", "keys"})
         assert not _np(want.status).any()
 
@@ -422,17 +432,9 @@ def test_bf16_tiles_of_one_row_in_different_ranges(cuda, b):
                 row[run] = 1e-39 * rng.standard_normal(run.stop - run.start)
             else:  # magnitudes growing along the row: a tile's first loads its smallest
                 row *= np.exp2(np.linspace(-20, 3, v))
-    x = x.astype(np.float32)
     recipes = [(1.0, 0, 0.9, 0.0), (40.0, 0, 0.999, 0.0), (0.5, 5000, 1.0, 0.0),
                (1.0, 300, 0.95, 0.01), (40.0, 60000, 0.9, 0.0), (1.0, 0, 1.0, 0.001)]
-    t, tk, tp, mp = (np.array(c) for c in zip(*(recipes[i % 6] for i in range(b))))
-    params = {"temperature": t.astype(np.float64), "top_k": tk.astype(np.int64),
-              "top_p": tp.astype(np.float32), "min_p": mp.astype(np.float32)}
-    for qkind, check in (("dense", False), ("sparse", "lazy")):
-        q, draft = _q_draft(rng, x, k, qkind)
-        _, want = _both(torch, x, "bfloat16", draft, q, _keys(rng, b), params, check,
-                        on_device={"params", "keys"})
-        assert not _np(want.status).any()
+    _bf16_dense_and_sparse(torch, rng, x.astype(np.float32), k, _cycled_params(recipes, b))
 
 
 def _tied_at_boundary(row, top_p):
