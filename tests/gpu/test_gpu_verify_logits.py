@@ -404,8 +404,8 @@ def test_bf16_tiles_of_one_row_in_different_ranges(cuda, b):
     have largest magnitudes from its own down to 2**-30 below it: 4096-token runs scaled
     by 2**-20 .. 2**4, half a row scaled by 2**-12, runs of 50000 tokens of 2**-30 x, of
     exact zeros, of -inf or of subnormals, zeros and tiny values sprinkled one in a
-    thousand, magnitudes growing 2**23-fold along the row (the first loads of a tile
-    hold its smallest); temperatures 0.5 / 1 / 40 with top-p, top-k and min-p mixed: cuda equals cpu
+    thousand, magnitudes growing 2**23-fold along the row (each tile's largest at its
+    end); temperatures 0.5 / 1 / 40 with top-p, top-k and min-p mixed: cuda equals cpu
     bit for bit (every token of every tile is weighed, whichever range its tile spans)."""
     torch = cuda
     rng = np.random.default_rng(53 + b)
@@ -430,7 +430,7 @@ def test_bf16_tiles_of_one_row_in_different_ranges(cuda, b):
                 row[run] *= 2.0**-30
             elif kind == 6:
                 row[run] = 1e-39 * rng.standard_normal(run.stop - run.start)
-            else:  # magnitudes growing along the row: a tile's first loads its smallest
+            else:  # magnitudes growing along the row: each tile's largest at its end
                 row *= np.exp2(np.linspace(-20, 3, v))
     recipes = [(1.0, 0, 0.9, 0.0), (40.0, 0, 0.999, 0.0), (0.5, 5000, 1.0, 0.0),
                (1.0, 300, 0.95, 0.01), (40.0, 60000, 0.9, 0.0), (1.0, 0, 1.0, 0.001)]
