@@ -100,7 +100,16 @@ ROUTES = [
      ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_resolve",
       "logits_chain", "logits_residual")),
     ("verify", dict(batch=22, v=V, k1=6, logits=True, bf16=True, top_k=False),
-     ("logits_max", "logits_hist", "logits_resolve", "logits_chain", "logits_residual")),
+     ("logits_max", "logits_hist_groups", "logits_resolve", "logits_chain", "logits_residual")),
+    # over more than 128 rows of bfloat16 logits logits_max counts the tiles and
+    # logits_hist_groups takes the counts (test_residual_tiles_with_many_kept_tokens,
+    # test_bf16_tiles_of_one_row_in_different_ranges at B = 64)
+    ("verify", dict(batch=64, v=V, k1=3, logits=True, bf16=True),
+     ("logits_max", "logits_hist_groups", "logits_resolve", "logits_resolve", "logits_chain",
+      "logits_residual")),
+    ("verify", dict(batch=21, v=V, k1=6, logits=True, bf16=True, top_k=False),
+     ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_chain",
+      "logits_residual")),
 ]
 
 
@@ -136,6 +145,23 @@ def test_one_launch_tiles_fit_the_kernel(batch, k1, v):
         vt == routes.lazy_tile(v, batch, NSM))
 
 
+@pytest.mark.parametrize("batch", [1, 4, 16, 21, 22, 64, 256, 2048])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_logits_hist_groups(batch, bf16):
+    """logits_hist's blocks per row: a tile each unless the call's tiles are counted; then
+    between 1 and the tiles, as many as fit one wave of LOGITS_HIST_PER_SM per SM."""
+    v, k1 = 129280, 6
+    rows = batch * k1
+    tile, _ = routes.logits_tiles(v, batch, k1, NSM)
+    nt = -(-v // tile)
+    ng = routes.logits_hist_groups(nt, rows, NSM, bf16)
+    if not routes.logits_counted(rows, bf16):
+        assert ng == nt
+    else:
+        assert 1 <= ng <= nt
+        assert ng == 1 or ng * rows <= routes.LOGITS_HIST_PER_SM * NSM
+
+
 def test_the_value_table_constants_agree_with_the_kernels():
     """The plan launches logits_table exactly where logits_max leaves the tables to it
     (LG_TABLE_ROWS), over a grid of LG_TE / 256 blocks a row, the tables it allocates
@@ -156,6 +182,15 @@ def test_the_value_table_constants_agree_with_the_kernels():
     # logits_hist's value cut reads a tile as at most LG_VROWS rows of 256 words of 8
     # tokens: every tile of the passes fits
     assert define("LG_VROWS") * 256 * 8 == routes.LOGITS_MAX_TILE
+    # a tile's record: LG_TE 16-bit counts, the header, LG_OTH 16-bit listed tokens
+    assert plans.LG_TCW == plans.LG_TE // 2 + 1 + define("LG_OTH") // 2
+    # its counts are 16 bits: a tile holds fewer than 65536 tokens
+    assert routes.LOGITS_MAX_TILE < 1 << 16
+    # logits_max counts a call's tiles exactly where routes says (lg_counted)
+    assert re.search(r"return dt == 2 && !greedy && rows > LG_TABLE_ROWS;", src)
+    assert routes.logits_counted(routes.LOGITS_TABLE_ROWS + 1, True)
+    assert not routes.logits_counted(routes.LOGITS_TABLE_ROWS, True)
+    assert not routes.logits_counted(10**6, False)
     assert routes.logits_table_launched(routes.LOGITS_TABLE_ROWS, True)
     assert not routes.logits_table_launched(routes.LOGITS_TABLE_ROWS + 1, True)
     assert not routes.logits_table_launched(1, False)

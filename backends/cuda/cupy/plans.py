@@ -209,6 +209,7 @@ class Dense:
 
 LG_TE = 4096  # value-table entries of a row (verify_logits.cuh)
 LG_TABW = LG_TE * 18 // 8  # u64 words of a row's value table: W, key (u64), bucket (u16)
+LG_TCW = LG_TE // 2 + 1 + 31  # u32 words of a tile's record: counts, header, LG_OTH = 62 tokens
 
 
 def _logits_rows_bufs(rows, nt, x_code):
@@ -217,10 +218,10 @@ def _logits_rows_bufs(rows, nt, x_code):
     part_bad, rec, cnt, hcnt, hmass, cand_key, cand_id, cand_n, vtab, tcnt."""
     nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
     # bfloat16 logits only: the rows' value tables (LG_TABW words a row) and their tiles'
-    # counts per table value (LG_TE / 2 words a tile)
+    # records, counts per value (LG_TCW words a tile)
     bf16 = int(x_code) == 2
     vtab = 8 * LG_TABW * rows if bf16 else 8
-    tcnt = 4 * (LG_TE // 2) * rows * nt if bf16 else 8
+    tcnt = 4 * LG_TCW * rows * nt if bf16 else 8
     return (runtime.scratch("lg_part_key", 8 * rows * nt),
             runtime.scratch("lg_part_id", 4 * rows * nt),
             runtime.scratch("lg_part_bad", 4 * rows * nt),
@@ -245,10 +246,16 @@ def _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names, resolves):
     if routes.logits_table_launched(rows, int(x_code) == 2):
         table = (_Launch(runtime.kernel("logits_table"), routes.rgrid(LG_TE // 256, rows),
                          (256,), head + (rec, tab), names),)
+    hist_in = head + tail + (rec, cnt, hcnt, hmass, tab, tcnt)
+    if routes.logits_counted(rows, int(x_code) == 2):
+        ng = routes.logits_hist_groups(nt, rows, runtime.num_sms(), True)
+        hist = _Launch(runtime.kernel("logits_hist_groups"), routes.rgrid(ng, rows), (256,),
+                       hist_in + (I32[ng],), names)
+    else:
+        hist = _Launch(runtime.kernel("logits_hist"), grid, (256,), hist_in, names)
     return (_Launch(runtime.kernel("logits_max"), grid, (256,), head + tail + (
-                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab), names, bufs),) + table + (
-            _Launch(runtime.kernel("logits_hist"), grid, (256,), head + tail + (
-                rec, cnt, hcnt, hmass, tab, tcnt), names),) + (resolve,) * resolves
+                pkey, pid, pbad, rec, cnt, hcnt, hmass, cn, tab, tcnt), names, bufs),) + table + (
+            hist,) + (resolve,) * resolves
 
 
 class DenseFiltered:

@@ -16,8 +16,9 @@ Routes (kernel names of backends/cuda/kernels/):
   per-row top_k the same kernels (their last block applies the filters).
 - dense allocate / propose: ``dense_max``, ``dense_sum``, ``dense_floor``,
   ``dense_mark`` (then ``draw_rows`` for propose).  With top_p / min_p (no bias):
-  ``logits_max``, ``logits_table`` (as verify's), ``logits_hist``, ``logits_resolve``,
-  ``filter_mask``, the dense kernels over the masked copy, ``filter_status``.
+  ``logits_max``, ``logits_table`` (as verify's), ``logits_hist`` (as verify's),
+  ``logits_resolve``, ``filter_mask``, the dense kernels over the masked copy,
+  ``filter_status``.
 - draw: ``draw_rows``.
 - verify (check=False / True) without greedy requests: ``verify_one_launch`` where
   its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
@@ -26,7 +27,8 @@ Routes (kernel names of backends/cuda/kernels/):
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
 - verify(logits=True), every check mode: ``logits_max``, ``logits_table`` (bfloat16
-  logits over at most LOGITS_TABLE_ROWS rows), ``logits_hist``,
+  logits over at most LOGITS_TABLE_ROWS rows), ``logits_hist`` (``logits_hist_groups``
+  over more bfloat16 rows: logits_counted),
   ``logits_resolve`` (twice; once when the call gives no top_k), ``logits_chain``,
   ``logits_residual``.  A logits target is processed in full before any decision (its
   maximum, total and cuts depend on every token), so check="lazy" validates every row it
@@ -251,6 +253,29 @@ def logits_tiles(v, batch, k1, nsm):
             tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE))
 
 
+#: Over more than LOGITS_TABLE_ROWS rows of bfloat16 logits logits_max counts each
+#: sampled tile per value as it reads it (lg_counted) and logits_hist reads those counts
+#: instead of the logits: a block then takes the counts of several tiles, as many blocks
+#: a row as LOGITS_HIST_PER_SM blocks per SM give over the rows (one wave).  Over fewer
+#: rows the count costs logits_max more than it saves logits_hist.
+LOGITS_HIST_PER_SM = 4
+
+
+def logits_counted(rows, bf16):
+    """Whether logits_max counts the tiles of a call over ``rows`` rows of logits (bf16:
+    bfloat16, the only ones counted); lg_counted of verify_logits.cuh."""
+    return bool(bf16) and rows > LOGITS_TABLE_ROWS
+
+
+def logits_hist_groups(nt, rows, nsm, bf16):
+    """logits_hist's blocks per row (groups of consecutive tiles) over ``rows`` rows of
+    ``nt`` tiles: a tile each unless logits_max counts them (logits_counted; the kernel
+    is then ``logits_hist_groups``)."""
+    if not logits_counted(rows, bf16):
+        return nt
+    return max(1, min(nt, LOGITS_HIST_PER_SM * nsm // rows))
+
+
 def logits_table_launched(rows, bf16):
     """Whether ``logits_table`` fills the value tables of ``rows`` rows of logits (bf16:
     bfloat16 logits, the only ones with tables)."""
@@ -260,7 +285,8 @@ def logits_table_launched(rows, bf16):
 def logits_rows_kernels(rows, bf16):
     """The kernels before logits_resolve over ``rows`` rows of logits."""
     table = ("logits_table",) if logits_table_launched(rows, bf16) else ()
-    return ("logits_max",) + table + ("logits_hist",)
+    hist = "logits_hist_groups" if logits_counted(rows, bf16) else "logits_hist"
+    return ("logits_max",) + table + (hist,)
 
 
 def kernel_names(primitive, **shape):

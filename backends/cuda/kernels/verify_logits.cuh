@@ -12,19 +12,28 @@
  *                   in x, so zmax = z(xmax)), sets the row's record (status, zmax,
  *                   argmax, min-p threshold), zeroes its histogram and, for bfloat16
  *                   logits over more than LG_TABLE_ROWS rows, fills the row's value
- *                   table (below).
+ *                   table (below).  Over more than LG_TABLE_ROWS rows it also counts a
+ *                   sampled bfloat16 tile's tokens per value as it reads them ("tile
+ *                   counts" below): logits_hist takes those instead of the logits.
  *  logits_table     grid (LG_TE / 256, rows), calls over at most LG_TABLE_ROWS rows: the
  *                   value tables, an entry a thread (one block a row would take its
  *                   4096 entries one SM at a time).
- *  logits_hist      grid (tiles, rows): the weight W_v of every token (the fixed-point
- *                   exponential of allocate) and, over the survivors of min-p with
+ *  logits_hist      grid (tiles, rows); logits_hist_groups, over more than LG_TABLE_ROWS
+ *                   rows of bfloat16 logits, grid (groups, rows): the weight W_v of
+ *                   every token (the fixed-point exponential of allocate) and, over the
+ *                   survivors of min-p with
  *                   W_v > 0, a histogram of counts and masses by gap bucket
  *                   floor(64 * (zmax - z_v)) (monotone in the ranking: z descending);
  *                   the last block finds the bucket where top-k's count or top-p's mass
  *                   is reached.  Tokens with a value in the row's table are counted per
  *                   value and enter the histogram as count x W once per value; each
- *                   block stores those counts (tcnt), from which the last block places
- *                   the cut inside its bucket where it can (lg_value_pick).
+ *                   tile's counts are kept (tcnt: logits_max's record, or the counts of
+ *                   the block that read the tile), from which the last block places
+ *                   the cut inside its bucket where it can (lg_value_pick).  A block
+ *                   takes one tile, or several consecutive ones where logits_max counted
+ *                   them (routes.logits_hist_groups): their counts moved onto the row's
+ *                   window, the tiles' logits read only where logits_max could not count
+ *                   them; with one block a row no merge nor election.
  *  logits_resolve   (launched twice, once when the call gives no top_k) grid (tiles,
  *                   rows), rows whose cut logits_hist did not place: the survivors in
  *                   that bucket are gathered; the last block
@@ -362,16 +371,51 @@ DC_FN u32 lg_merge_bad(u32 a, u32 b) {
   return ((a | b) & 0x80000000u) | max(a & 0x7FFFFFFFu, b & 0x7FFFFFFFu);
 }
 
-/* logits_max's pass over the tile [lo, hi) of a sampled bfloat16 row, two tokens per
+/* ------------------------------------------------------------- tile counts
+ * Over more than LG_TABLE_ROWS rows (lg_counted) logits_max reads a sampled bfloat16
+ * tile once and, with its largest logit, counts the tile's tokens per value of a window
+ * of LG_BIN binades, from e0t = max(1, top - LG_BIN + 1) where top is one binade above
+ * the largest finite magnitude among the tile's first round of loads (LG_LOADS 16-byte
+ * words a thread; LG_NOWIN when that round holds no normal finite logit, or the tile is
+ * not 16-byte aligned), and lists by value the finite
+ * tokens outside the window (zeros, subnormals, smaller or larger magnitudes), up to
+ * LG_OTH of them; -inf tokens (W = 0) are left out.  The tile's record in tcnt (LG_TCW
+ * words): the LG_TE 16-bit counts two a word (lg_slot's entries over e0t), the header
+ * e0t << 16 | n, the n listed values two a word.  n = LG_TOVER: more than LG_OTH listed,
+ * or the tile holds NaN / +inf (an invalid row, never histogrammed); logits_hist then
+ * reads the tile itself (and, in a block of one tile, stores its counts over the row's
+ * window as the tile's record: header e0 << 16).  logits_hist moves a record's counts
+ * onto the row's window (the binades both share; the others are weighed a value at a
+ * time) without reading the tile's logits, and lg_tcount reads a tile's count of a row
+ * value from it.  Over at most LG_TABLE_ROWS rows every block of logits_hist reads its
+ * tile and stores its record so. */
+#define LG_OTH 62  /* tokens outside the tile's window listed in its record */
+#define LG_TCW (LG_TE / 2 + 1 + LG_OTH / 2)  /* u32 words of a tile's record */
+#define LG_TOVER 0xFFFFu  /* a record's n when logits_hist must read the tile */
+
+/* Whether logits_max counts the tiles of a row (logits dtype code dt, greedy) of a call
+ * over `rows` rows: sampled bfloat16 rows of calls over more than LG_TABLE_ROWS rows
+ * (routes.logits_counted); over fewer the count would cost logits_max more than it
+ * saves logits_hist. */
+DC_FN bool lg_counted(int dt, bool greedy, int rows) {
+  return dt == 2 && !greedy && rows > LG_TABLE_ROWS;
+}
+
+/* logits_max's read of the tile [lo, hi) of a sampled bfloat16 row p, two tokens per
  * 32-bit word in SIMD halves (nothing reads the argmax of a sampled row): *best the
  * dc_fkey of the largest logit, *bad as lg_merge_bad's words (NaN / +inf flag, largest
- * finite magnitude).  The order key of a bfloat16 h is h ^ 0xFFFF (negative) or
- * h ^ 0x8000: keys compare as the values do (-0 below +0, the same dc_fkey).  Per half:
- * the largest key (+inf or a positive NaN: a key >= 0xFF80), the largest magnitude (a NaN:
- * above 0x7F80) and the largest finite magnitude (m + 0x80 reaches bit 15 exactly when
- * m >= 0x7F80, with no carry out of the half). */
-DC_FN void lg_max_bf16(const LgRow& r, int lo, int hi, u64* best, u32* bad) {
-  const u16* p = (const u16*)r.x + r.off;
+ * finite magnitude), and the tile's counts: ec (LG_TE u32, zeroed) over the window from
+ * *e0t, the listed tokens into ol (*on, zeroed: how many were found, possibly more than
+ * LG_OTH; *m0, zeroed: the first round's largest finite magnitude).  The order key of a
+ * bfloat16 h is h ^ 0xFFFF (negative) or h ^ 0x8000: keys compare as the values do (-0
+ * below +0, the same dc_fkey).  Per half: the largest key (+inf or a positive NaN: a
+ * key >= 0xFF80), the largest magnitude (a NaN: above 0x7F80) and the largest finite
+ * magnitude (m + 0x80 reaches bit 15 exactly when m >= 0x7F80, with no carry out of the
+ * half).  COUNT false: the largest logit alone (ec, ol, on, m0, e0t untouched).  Every
+ * thread of the block calls it. */
+template <bool COUNT>
+DC_FN void lg_max_count_bf16(const u16* p, int lo, int hi, u64* best, u32* bad, u32* ec, u16* ol,
+                             u32* on, u32* m0, u32* e0t) {
   u32 k2 = 0, a2 = 0, m2 = 0;
   auto word = [&](u32 w) {
     const u32 neg = (w >> 15) & 0x00010001u;
@@ -381,8 +425,72 @@ DC_FN void lg_max_bf16(const LgRow& r, int lo, int hi, u64* best, u32* bad) {
     const u32 nonfinite = ((m + 0x00800080u) >> 15) & 0x00010001u;
     m2 = __vmaxu2(m2, m & ~(nonfinite * 0xFFFFu));
   };
-  lg_tile16(p, lo, hi, [&](int, u32 w) { word(w); },
-            [&](int, u16 h) { word((u32)h * 0x00010001u); });  /* one token in both halves */
+  const int tid = threadIdx.x;
+  const int n8 = (((size_t)(p + lo)) & 15) == 0 ? (hi - lo) >> 3 : 0;
+  const uint4* p4 = (const uint4*)(p + lo);
+  uint4 x[LG_LOADS];
+  auto load = [&](int j0) {
+#pragma unroll
+    for (int u = 0; u < LG_LOADS; ++u) {
+      const int j = j0 + u * (int)blockDim.x;
+      if (j < n8) x[u] = __ldcs(&p4[j]);
+    }
+  };
+  auto each = [&](int j0, auto f) {
+#pragma unroll
+    for (int u = 0; u < LG_LOADS; ++u) {
+      const int j = j0 + u * (int)blockDim.x;
+      if (j >= n8) break;
+      f(x[u].x); f(x[u].y); f(x[u].z); f(x[u].w);
+    }
+  };
+  /* the first round: its largest finite magnitude sets the window */
+  load(tid);
+  each(tid, word);
+  if constexpr (!COUNT) {
+    for (int j0 = tid + LG_LOADS * (int)blockDim.x; j0 < n8; j0 += LG_LOADS * (int)blockDim.x) {
+      load(j0);
+      each(j0, word);
+    }
+    for (int v = lo + 8 * n8 + tid; v < hi; v += blockDim.x) word(p[v] * 0x00010001u);
+  } else {
+    const u32 mr = __reduce_max_sync(0xffffffffu, max(m2 & 0xFFFFu, m2 >> 16));
+    if ((tid & 31) == 0) atomicMax(m0, mr);
+    __syncthreads();
+    const int top = min(254, (int)(*m0 >> 7) + 1);
+    const u32 e = *m0 >> 7 ? (u32)max(1, top - (LG_BIN - 1)) : LG_NOWIN;
+    *e0t = e;
+    auto one = [&](u32 h) {
+      const u32 d = (h & 0x7FFFu) - (e << 7);  /* (binade - e0t) << 7 | mantissa */
+      if (d < (u32)(LG_TE / 2)) atomicAdd(&ec[d | ((h >> 4) & 0x800u)], 1u);
+      else if ((h & 0x7FFFu) < 0x7F80u) {  /* finite, not -inf (a NaN / +inf tile is not used) */
+        const u32 i = atomicAdd(on, 1u);
+        if (i < (u32)LG_OTH) ol[i] = (u16)h;
+      }
+    };
+    /* both halves of a word at once, each offset by 0x8000 so that no borrow crosses it:
+     * in the window iff the half is in [0x8000, 0x8800) */
+    const u32 base2 = (e << 7) * 0x10001u;
+    auto count = [&](u32 w) {
+      const u32 d2 = (w | 0x80008000u) - base2;
+      if ((d2 & 0xF800F800u) == 0x80008000u) {
+        atomicAdd(&ec[(d2 & 0x7FFu) | ((w >> 4) & 0x800u)], 1u);
+        atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((w >> 20) & 0x800u)], 1u);
+      } else {
+        one(w & 0xFFFFu); one(w >> 16);
+      }
+    };
+    each(tid, count);
+    for (int j0 = tid + LG_LOADS * (int)blockDim.x; j0 < n8; j0 += LG_LOADS * (int)blockDim.x) {
+      load(j0);
+      each(j0, [&](u32 w) { word(w); count(w); });
+    }
+    for (int v = lo + 8 * n8 + tid; v < hi; v += blockDim.x) {
+      const u32 h = p[v];
+      word(h * 0x00010001u);  /* one token in both halves */
+      one(h);
+    }
+  }
   const u32 k = max(k2 & 0xFFFFu, k2 >> 16), a = max(a2 & 0xFFFFu, a2 >> 16),
             m = max(m2 & 0xFFFFu, m2 >> 16);
   *best = dc_fkey((k ^ ((k & 0x8000u) ? 0x8000u : 0xFFFFu)) << 16);
@@ -404,13 +512,17 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
     int tile, u64* part_key, u32* part_id, u32* part_bad, u64* rec, u32* cnt, u32* hcnt,
-    u64* hmass, u32* cand_n, u64* tab) {
+    u64* hmass, u32* cand_n, u64* tab, u32* tcnt) {
   __shared__ int is_last;
   __shared__ u64 wk[8];
   __shared__ u32 wi[8], wb[8];
-  __shared__ u32 s_e0;
+  __shared__ u32 s_e0, s_on, s_m0;
   __shared__ double s_zmax;
-  __shared__ uint64_t stab[4][256];
+  /* a counted tile's tokens per value (u32 ec[LG_TE]); in the row's last block then the
+   * exponential's table (uint64_t[4][256]) */
+  __shared__ u64 eb[LG_TE / 2];
+  static_assert(sizeof(eb) >= 4 * 256 * sizeof(uint64_t), "eb holds the exponential's table");
+  __shared__ u32 olw[LG_OTH / 2];  /* the listed tokens, two a word */
   const int t = blockIdx.x, r = dc_grid_row();
   if (r >= B * (k + 1)) return;
   const int b = r / (k + 1), i = r - b * (k + 1);
@@ -422,14 +534,27 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
    * over the other logits but -inf */
   u64 best = 0; u32 arg = 0xFFFFFFFFu, bad = 0;
   const int lo = t * tile, hi = min(V, lo + tile);
-  if (dt == 2 && !q.greedy) lg_max_bf16(row, lo, hi, &best, &bad);
-  else lg_tile(row, lo, hi, [&](int v, u32 xb) {
-    const u32 mag = xb & 0x7FFFFFFFu;
-    if (mag >= 0x7F800000u && xb != 0xFF800000u) { bad = 0x80000000u; return; }  /* NaN, +inf */
-    if (mag < 0x7F800000u) bad = lg_merge_bad(bad, mag);
-    const u64 key = dc_fkey(xb);
-    if (key > best) { best = key; arg = (u32)v; }  /* ids ascending per thread */
-  });
+  const bool counted = lg_counted(dt, q.greedy, B * (k + 1));
+  u32* const ec = (u32*)eb;
+  u16* const ol = (u16*)olw;
+  u32 e0t = 0;
+  if (counted) {
+    for (int j = tid; j < LG_TE / 2; j += 256) eb[j] = 0;
+    if (tid == 0) { s_on = 0; s_m0 = 0; }
+    __syncthreads();
+    lg_max_count_bf16<true>((const u16*)row.x + row.off, lo, hi, &best, &bad, ec, ol, &s_on,
+                            &s_m0, &e0t);
+  } else if (dt == 2 && !q.greedy) {
+    lg_max_count_bf16<false>((const u16*)row.x + row.off, lo, hi, &best, &bad, 0, 0, 0, 0, 0);
+  } else {
+    lg_tile(row, lo, hi, [&](int v, u32 xb) {
+      const u32 mag = xb & 0x7FFFFFFFu;
+      if (mag >= 0x7F800000u && xb != 0xFF800000u) { bad = 0x80000000u; return; }  /* NaN, +inf */
+      if (mag < 0x7F800000u) bad = lg_merge_bad(bad, mag);
+      const u64 key = dc_fkey(xb);
+      if (key > best) { best = key; arg = (u32)v; }  /* ids ascending per thread */
+    });
+  }
   for (int o = 16; o; o >>= 1) {
     const u64 ob = __shfl_xor_sync(0xffffffffu, best, o);
     const u32 oa = __shfl_xor_sync(0xffffffffu, arg, o);
@@ -445,6 +570,20 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     }
     part_key[(i64)r * nt + t] = best; part_id[(i64)r * nt + t] = arg;
     part_bad[(i64)r * nt + t] = bad;
+    s_e0 = bad >> 31;  /* a tile with NaN / +inf: its counts are not used */
+  }
+  if (counted) {
+    __syncthreads();
+    u32* tr = tcnt + ((i64)r * nt + t) * LG_TCW;
+    const u32 n = !s_e0 && s_on <= (u32)LG_OTH ? s_on : LG_TOVER;
+    if (n != LG_TOVER)
+      for (int j = tid; j < LG_TE / 2; j += 256) {  /* at most 32768 tokens a tile */
+        const u64 e = eb[j];
+        __stcg(&tr[j], (u32)e | ((u32)(e >> 32) << 16));
+      }
+    if (tid == 0) tr[LG_TE / 2] = e0t << 16 | n;
+    if (n != LG_TOVER && tid < (int)(n + 1) / 2) tr[LG_TE / 2 + 1 + tid] = olw[tid];
+    DY_TL_MARK(1);  /* the tile's counts stored */
   }
   if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
   /* the row's record (thread 0) and its histogram zeroed for logits_hist */
@@ -498,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
   const double zmax = s_zmax;
   u64* tr = tab + (i64)r * LG_TABW;
   DY_TL_MARK(0);  /* the record written: the value table next */
-  const LgTab et = lg_load_table(stab);
+  const LgTab et = lg_load_table((uint64_t(*)[256])eb);  /* this block's counts are stored */
   for (int j = tid; j < LG_TE; j += 256) lg_table_entry(row, zmax, mpw, e0, j, et, tr);
 }
 
@@ -551,8 +690,8 @@ DC_FN LgFound lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* 
 }
 
 /* ------------------------------------------------------------- value cut
- * On a row with a value table each logits_hist block stores its tile's tokens per table
- * value (tcnt: LG_TE 16-bit counts a tile, two a word, tiles in order).  The row's last
+ * On a row with a value table the tiles' records (logits_max's counts, "tile counts")
+ * give each tile's tokens per table value (lg_tcount).  The row's last
  * block then places a cut inside its bucket without another pass: the bucket's values in
  * ranking order (z descending: positive entries by descending slot, then negative ones by
  * ascending slot), the row's count of each, the value c where the count or the mass is
@@ -581,9 +720,34 @@ DC_FN bool lg_bucket_has_others(double zmax, double temp, u32 e0, int j) {
  * then negative ones ascending. */
 DC_FN int lg_rank_slot(int rk) { return rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk; }
 
-/* Token count of slot s in tile t of a row's tcnt. */
-DC_FN u32 lg_tcount(const u32* tc, int t, int s) {
-  return (__ldcg(&tc[(i64)t * (LG_TE / 2) + (s >> 1)]) >> ((s & 1) << 4)) & 0xFFFFu;
+/* Token count of the row's table entry s (binades from e0) in tile t, from the tile's
+ * record in the row's tcnt: its count over the record's window where that window holds
+ * the value, plus its listed tokens of that value.  Only for a record logits_hist took
+ * (lg_records_usable). */
+DC_FN u32 lg_tcount(const u32* tc, int t, int s, u32 e0) {
+  const u32* tr = tc + (i64)t * LG_TCW;
+  const u32 hdr = __ldcg(&tr[LG_TE / 2]), e0t = hdr >> 16, n = min(hdr & 0xFFFFu, (u32)LG_OTH);
+  u32 c = 0;
+  if (e0t != LG_NOWIN) {
+    const int dt = ((s >> 7) & (LG_BIN - 1)) + (int)e0 - (int)e0t;  /* its record binade */
+    if (dt >= 0 && dt < LG_BIN) {
+      const int st = s + 128 * ((int)e0 - (int)e0t);
+      c = (__ldcg(&tr[st >> 1]) >> ((st & 1) << 4)) & 0xFFFFu;
+    }
+  }
+  const u32 h = lg_slot_bits(s, e0) >> 16;
+  for (u32 i = 0; i < n; ++i)
+    c += ((__ldcg(&tr[LG_TE / 2 + 1 + (i >> 1)]) >> (16 * (i & 1))) & 0xFFFFu) == h;
+  return c;
+}
+
+/* Whether every tile record of the row (tc, nt tiles) was taken by logits_hist (none
+ * with LG_TOVER, whose tile logits_hist read instead): all threads get it. */
+DC_FN bool lg_records_usable(const u32* tc, int nt) {
+  int bad = 0;
+  for (int t = threadIdx.x; t < nt; t += blockDim.x)
+    bad |= (__ldcg(&tc[(i64)t * LG_TCW + LG_TE / 2]) & 0xFFFFu) == LG_TOVER;
+  return !__syncthreads_or(bad);
 }
 
 /* The cut inside bucket j by count (top-k, !by_mass) or by mass reaching target; by
@@ -600,7 +764,10 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   __syncthreads();  /* every thread holds the previous call's result */
   if (tid == 0) { res.ok = 0; res.id = -1; s_at = -1; s_bad = 0; }
-  if (lg_bucket_has_others(zmax, row.temp, row.e0, j)) { __syncthreads(); return res; }
+  if (lg_bucket_has_others(zmax, row.temp, row.e0, j) || !lg_records_usable(tc, nt)) {
+    __syncthreads();
+    return res;
+  }
   /* the bucket's values in ranking order: thread tid looks at ranks 16 tid .. + 15 */
   const u16* tbk = lg_tab_bucket(row.tab);
   const int per = LG_TE / 256;
@@ -631,7 +798,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
       const int sv = (int)ls[wid];
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        if (lane + 32 * u < nt) tcr[u] = lg_tcount(tc, lane + 32 * u, sv);
+        if (lane + 32 * u < nt) tcr[u] = lg_tcount(tc, lane + 32 * u, sv, row.e0);
       const u32 c = __reduce_add_sync(0xffffffffu, tcr[0] + tcr[1] + tcr[2] + tcr[3]);
       if (lane == 0) ls[LG_VCUT + wid] = c;
     }
@@ -639,7 +806,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     for (int i = wid; i < n; i += 8) {
       const int sv = (int)ls[i];
       u32 c = 0;
-      for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, sv);
+      for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, sv, row.e0);
       c = __reduce_add_sync(0xffffffffu, c);
       if (lane == 0) ls[LG_VCUT + i] = c;
     }
@@ -691,12 +858,12 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   } else {  /* a run of tiles a thread */
     const int tper = (nt + 255) / 256, t0 = min(nt, tid * tper), t1 = min(nt, t0 + tper);
     u32 own_c = 0;
-    for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc);
+    for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc, row.e0);
     const u32 tb = (u32)lg_scan64(own_c, &tot, sh);
     if (tb < m && m <= tb + own_c) {
       u32 b = tb;
       for (int t = t0; t < t1; ++t) {
-        const u32 c = lg_tcount(tc, t, sc);
+        const u32 c = lg_tcount(tc, t, sc, row.e0);
         if (b + c >= m) { s_tile = t; s_rest = m - b; break; }
         b += c;
       }
@@ -773,14 +940,14 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   return res;
 }
 
-/* logits_hist's work for a token outside the row's value table: its weight, and its
- * count and mass into the histogram when it survives min-p. */
+/* logits_hist's work for c tokens of one value outside the row's value table: its
+ * weight, and their count and mass into the histogram when it survives min-p. */
 DC_FN void lg_hist_other(const LgRow& row, double zmax, u32 xb, LgTab tab, u64 mpw, bool counts,
-                         u32* sc, u64* sm) {
+                         u32* sc, u64* sm, u32 c = 1) {
   const LgEl e = lg_el_of(row, zmax, xb, tab);
   if (lg_surv(e.w, mpw)) {
-    if (counts) atomicAdd(&sc[e.bucket], 1u);
-    dc_shared_add64(&sm[e.bucket], e.w);
+    if (counts) atomicAdd(&sc[e.bucket], c);
+    dc_shared_add64(&sm[e.bucket], (u64)c * e.w);
   }
 }
 
@@ -813,6 +980,47 @@ static __device__ __noinline__ void lg_hist_word_call(const LgRow& row, double z
     lg_hist_table_token(row, xb[i], ec, [&](u32 o) {
       lg_hist_other(row, zmax, o, LG_GTAB, mpw, counts, sc, sm);
     });
+}
+
+/* logits_hist's work for a table row's tile from its record tr (logits_max's counts over
+ * the window from e0t, n listed tokens): the counts of the binades the row's window
+ * shares added to ec, the values outside the row's window weighed once a value (count x
+ * W), the listed tokens one by one.  Every thread of the block calls it; out of line,
+ * as lg_hist_other_call is. */
+static __device__ __noinline__ void lg_hist_record(const LgRow& row, double zmax, const u32* tr,
+                                                   u32 e0t, u32 n, u64 mpw, bool counts, u32* sc,
+                                                   u64* sm, u32* ec) {
+  if (e0t != LG_NOWIN) {  /* (a record without a window counted nothing) */
+    const int dl = (int)row.e0 - (int)e0t;  /* the row's window starts dl binades above */
+    constexpr int PER = LG_TE / 2 / 256;  /* words a thread (a 256-thread block) */
+    u32 ws[PER];  /* loaded together: their latencies overlap */
+#pragma unroll
+    for (int u = 0; u < PER; ++u) ws[u] = __ldcg(&tr[threadIdx.x + 256 * u]);
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+      const int j = threadIdx.x + 256 * u;
+      const u32 w = ws[u];
+      if (!w) continue;
+      const int d = ((j >> 6) & (LG_BIN - 1)) - dl;  /* the row binade (64 words each) */
+      if (d >= 0 && d < LG_BIN) {
+        const int rj = j - 64 * dl;  /* the same two values in the row's window */
+        if (w & 0xFFFFu) atomicAdd(&ec[2 * rj], w & 0xFFFFu);
+        if (w >> 16) atomicAdd(&ec[2 * rj + 1], w >> 16);
+        continue;
+      }
+      for (int h = 0; h < 2; ++h) {
+        const u32 c = (w >> (16 * h)) & 0xFFFFu;
+        if (c) lg_hist_other(row, zmax, lg_slot_bits(2 * j + h, e0t), LG_GTAB, mpw, counts, sc, sm,
+                             c);
+      }
+    }
+  }
+  for (int i = threadIdx.x; i < (int)min(n, (u32)LG_OTH); i += blockDim.x) {
+    const u32 xb = (__ldcg(&tr[LG_TE / 2 + 1 + (i >> 1)]) >> (16 * (i & 1))) << 16;
+    lg_hist_table_token(row, xb, ec, [&](u32 o) {
+      lg_hist_other(row, zmax, o, LG_GTAB, mpw, counts, sc, sm);
+    });
+  }
 }
 
 /* logits_hist's last block, the row's histogram in sc / sm: the top-k cut's bucket
@@ -877,10 +1085,14 @@ static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, cons
   p_pick(f, need - f.mass_before, false, 0, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
-    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
-    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
-    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab, u32* tcnt) {
+/* logits_hist's body: GROUPS false, a tile a block (ng = nt); true, ng groups of tiles a
+ * row (the calls whose tiles logits_max counted).  Two kernels, so that the reading pass
+ * of the first is not compiled around the loop over tiles of the second. */
+template <bool GROUPS>
+DC_FN void lg_hist_run(const void* x, int dt, const double* temp, const i64* topk,
+                       const u32* topp, const u32* minp, const unsigned char* g, const int* nd,
+                       int B, int k, int V, int nt, int tile, u64* rec, u32* cnt, u32* hcnt,
+                       u64* hmass, const u64* vtab, u32* tcnt, int ng) {
   __shared__ DcShared sh;
   __shared__ int is_last;
   __shared__ u32 sc[LG_NB];
@@ -891,9 +1103,9 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
   static_assert(sizeof(eb) >= 4 * 256 * sizeof(uint64_t), "eb holds the exponential's table");
   u32* const ec = (u32*)eb;
   __shared__ LgFound fd;
-  const int t = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
+  const int gi = blockIdx.x, r = dc_grid_row(), tid = threadIdx.x;
   LgReq q;
-  if (!lg_row_active(temp, topk, topp, minp, g, nd, B, k, r, rec, &q)) return;
+  if (gi >= ng || !lg_row_active(temp, topk, topp, minp, g, nd, B, k, r, rec, &q)) return;
   u64* rc = rec + (i64)r * LG_REC;
   const LgRow row = {x, dt, (i64)r * V, q.temp, 0, vtab + (i64)r * LG_TABW, (u32)rc[LG_WIN]};
   const double zmax = dy_key_value(rc[LG_MAXKEY]);
@@ -905,46 +1117,71 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
    * a table row's few tokens outside its values read it from global memory */
   const LgTab tab = table ? LG_GTAB : lg_load_table((uint64_t(*)[256])eb);
   __syncthreads();  /* the zeroed counts */
-  const int lo = t * tile, hi = min(V, lo + tile);
   /* counts are read only by a top-k cut: without top-k the row's counts stay 0 */
   const bool counts = q.topk > 0;
-  if (row.dt == 0)  /* float32: one loop, the token's work inline */
-    lg_tile(row, lo, hi,
-            [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
-  else if (!table)  /* 16-bit without a table (float16, or a bfloat16 row outside the
-                     * table's reach): every token's work out of line */
-    lg_tile(row, lo, hi, [&](int, u32 xb) {
-      lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
-    });
-  else {  /* bfloat16 with a table: a word of two table values counted inline */
-    /* a bfloat16 h is in the table iff (h & 0x7FFF) - (e0 << 7) is in [0, 2048) (binade
-     * and mantissa); on both halves of a word at once, each half offset by 0x8000 so
-     * that no borrow crosses it: in the table iff the half is in [0x8000, 0x8800).  The
-     * entry is then those 11 bits, with the sign at bit 11 (lg_slot). */
-    const u32 base2 = (row.e0 << 7) * 0x10001u;
-    lg_tile16((const u16*)row.x + row.off, lo, hi, [&](int, u32 h) {
-      const u32 d2 = (h | 0x80008000u) - base2;
-      if ((d2 & 0xF800F800u) == 0x80008000u) {
-        atomicAdd(&ec[(d2 & 0x7FFu) | ((h >> 4) & 0x800u)], 1u);
-        atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((h >> 20) & 0x800u)], 1u);
-      } else {
-        lg_hist_word_call(row, zmax, h, mpw, counts, sc, sm, ec);
-      }
-    }, [&](int, u16 h) {  /* a token outside the 16-byte aligned words */
-      lg_hist_table_token(row, (u32)h << 16, ec, [&](u32 o) {
-        lg_hist_other_call(row, zmax, o, tab, mpw, counts, sc, sm);
+  u32* const tc = tcnt + (i64)r * nt * LG_TCW;  /* the row's tile records (table rows) */
+  const bool counted = table && lg_counted(dt, false, B * (k + 1));
+  /* the block's tiles: group gi of ng, consecutive */
+  const int per = GROUPS ? (nt + ng - 1) / ng : 1;
+  const int t0 = min(nt, gi * per), t1 = min(nt, t0 + per);
+  bool store = false;  /* a block of one tile that reads it: its counts become its record */
+  auto take = [&](int t) {  /* tile t into the block's counts and histogram */
+    const int lo = t * tile, hi = min(V, lo + tile);
+    /* a table row's tile from its record unless logits_max did not or could not count it */
+    const u32* tr = tc + (i64)t * LG_TCW;
+    const u32 hdr = counted ? __ldcg(&tr[LG_TE / 2]) : LG_TOVER, n = hdr & 0xFFFFu;
+    store = table && t1 == t0 + 1 && n == LG_TOVER;
+    if (row.dt == 0)  /* float32: one loop, the token's work inline */
+      lg_tile(row, lo, hi,
+              [&](int, u32 xb) { lg_hist_other(row, zmax, xb, tab, mpw, counts, sc, sm); });
+    else if (!table)  /* 16-bit without a table (float16, or a bfloat16 row outside the
+                       * table's reach): every token's work out of line */
+      lg_tile(row, lo, hi, [&](int, u32 xb) {
+        lg_hist_other_call(row, zmax, xb, tab, mpw, counts, sc, sm);
       });
-    });
+    else if (n != LG_TOVER)  /* bfloat16 with a table, the tile counted by logits_max */
+      lg_hist_record(row, zmax, tr, hdr >> 16, n, mpw, counts, sc, sm, ec);
+    else {  /* bfloat16 with a table, the tile read: a word of two table values counted
+             * inline */
+      /* a bfloat16 h is in the table iff (h & 0x7FFF) - (e0 << 7) is in [0, 2048) (binade
+       * and mantissa); on both halves of a word at once, each half offset by 0x8000 so
+       * that no borrow crosses it: in the table iff the half is in [0x8000, 0x8800).  The
+       * entry is then those 11 bits, with the sign at bit 11 (lg_slot). */
+      const u32 base2 = (row.e0 << 7) * 0x10001u;
+      lg_tile16((const u16*)row.x + row.off, lo, hi, [&](int, u32 h) {
+        const u32 d2 = (h | 0x80008000u) - base2;
+        if ((d2 & 0xF800F800u) == 0x80008000u) {
+          atomicAdd(&ec[(d2 & 0x7FFu) | ((h >> 4) & 0x800u)], 1u);
+          atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((h >> 20) & 0x800u)], 1u);
+        } else {
+          lg_hist_word_call(row, zmax, h, mpw, counts, sc, sm, ec);
+        }
+      }, [&](int, u16 h) {  /* a token outside the 16-byte aligned words */
+        lg_hist_table_token(row, (u32)h << 16, ec, [&](u32 o) {
+          lg_hist_other_call(row, zmax, o, tab, mpw, counts, sc, sm);
+        });
+      });
+    }
+  };
+  if constexpr (GROUPS) {
+    for (int t = t0; t < t1; ++t) take(t);
+  } else {
+    take(t0);
   }
   __syncthreads();
-  DY_TL_MARK(0);  /* the tile's tokens counted */
-  u32* tc = tcnt + (i64)r * nt * (LG_TE / 2);  /* the row's tile counts (table rows) */
-  if (table) {  /* the tile's counts for the value cut; each value present: count x W
-                 * into its bucket */
-    for (int j = tid; j < LG_TE / 2; j += 256) {  /* two 16-bit counts a word (a tile
-                                                    * holds at most 32768 tokens) */
-      const u64 e = eb[j];
-      tc[(i64)t * (LG_TE / 2) + j] = (u32)e | ((u32)(e >> 32) << 16);
+  DY_TL_MARK(0);  /* the tiles' tokens counted */
+  if (table) {  /* each value present in the block's tiles: count x W into its bucket */
+    /* a block of one tile that read it stores its counts as the tile's record over the
+     * row's window, for lg_tcount (a tile read in a block of several keeps LG_TOVER:
+     * the value cut is then left to logits_resolve) */
+    u32* const tr = tc + (i64)t0 * LG_TCW;
+    if (store) {
+      for (int j = tid; j < LG_TE / 2; j += 256) {  /* two 16-bit counts a word (a tile
+                                                      * holds at most 32768 tokens) */
+        const u64 e = eb[j];
+        tr[j] = (u32)e | ((u32)(e >> 32) << 16);
+      }
+      if (tid == 0) tr[LG_TE / 2] = row.e0 << 16;  /* the row's window, nothing listed */
     }
     const u64* tw = lg_tab_w(row.tab);
     const u16* tbk = lg_tab_bucket(row.tab);
@@ -986,17 +1223,40 @@ extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
     if (rb >= 0) flush();
     __syncthreads();
   }
+  DY_TL_MARK(1);  /* the table values entered: the histogram's merge next */
+  /* the row's histogram (zeroed by logits_max) for logits_resolve: the blocks of a row
+   * merge theirs, and the last one decides */
   u32* gc = hcnt + (i64)r * LG_NB;
   u64* gm = hmass + (i64)r * LG_NB;
-  DY_TL_MARK(1);  /* the table values entered: the histogram's merge next */
   for (int j = tid; j < LG_NB; j += 256)  /* a survivor has W > 0: mass 0 iff none */
-    if (sm[j]) { if (counts) atomicAdd(&gc[j], sc[j]); atomicAdd(&gm[j], sm[j]); }
-  if (!dc_elect_last(&cnt[r], (u32)nt, &is_last)) return;
-  for (int j = tid; j < LG_NB; j += 256) { sc[j] = __ldcg(&gc[j]); sm[j] = __ldcg(&gm[j]); }
-  __syncthreads();
+    if (sm[j]) {
+      if (ng == 1) { if (counts) gc[j] = sc[j]; gm[j] = sm[j]; }
+      else { if (counts) atomicAdd(&gc[j], sc[j]); atomicAdd(&gm[j], sm[j]); }
+    }
+  if (ng > 1) {
+    if (!dc_elect_last(&cnt[r], (u32)ng, &is_last)) return;
+    for (int j = tid; j < LG_NB; j += 256) { sc[j] = __ldcg(&gc[j]); sm[j] = __ldcg(&gm[j]); }
+    __syncthreads();
+  }
   DY_TL_MARK(2);  /* the last block holds the row's histogram */
-  /* ec is free: this block's counts are stored */
+  /* ec is free: its counts have entered the histogram */
   lg_hist_decide(rc, q, row, zmax, table, tc, nt, tile, V, sc, sm, ec, sh, &fd);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
+    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab, u32* tcnt) {
+  lg_hist_run<false>(x, dt, temp, topk, topp, minp, g, nd, B, k, V, nt, tile, rec, cnt, hcnt,
+                     hmass, vtab, tcnt, nt);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) logits_hist_groups(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nt,
+    int tile, u64* rec, u32* cnt, u32* hcnt, u64* hmass, const u64* vtab, u32* tcnt, int ng) {
+  lg_hist_run<true>(x, dt, temp, topk, topp, minp, g, nd, B, k, V, nt, tile, rec, cnt, hcnt,
+                    hmass, vtab, tcnt, ng);
 }
 
 /* The exact pick inside one bucket when it holds more than LG_CAP candidates: an MSD
