@@ -425,35 +425,33 @@ DC_FN void lg_max_count_bf16(const u16* p, int lo, int hi, u64* best, u32* bad, 
     const u32 nonfinite = ((m + 0x00800080u) >> 15) & 0x00010001u;
     m2 = __vmaxu2(m2, m & ~(nonfinite * 0xFFFFu));
   };
-  const int tid = threadIdx.x;
-  const int n8 = (((size_t)(p + lo)) & 15) == 0 ? (hi - lo) >> 3 : 0;
-  const uint4* p4 = (const uint4*)(p + lo);
-  uint4 x[LG_LOADS];
-  auto load = [&](int j0) {
-#pragma unroll
-    for (int u = 0; u < LG_LOADS; ++u) {
-      const int j = j0 + u * (int)blockDim.x;
-      if (j < n8) x[u] = __ldcs(&p4[j]);
-    }
-  };
-  auto each = [&](int j0, auto f) {
-#pragma unroll
-    for (int u = 0; u < LG_LOADS; ++u) {
-      const int j = j0 + u * (int)blockDim.x;
-      if (j >= n8) break;
-      f(x[u].x); f(x[u].y); f(x[u].z); f(x[u].w);
-    }
-  };
-  /* the first round: its largest finite magnitude sets the window */
-  load(tid);
-  each(tid, word);
   if constexpr (!COUNT) {
-    for (int j0 = tid + LG_LOADS * (int)blockDim.x; j0 < n8; j0 += LG_LOADS * (int)blockDim.x) {
-      load(j0);
-      each(j0, word);
-    }
-    for (int v = lo + 8 * n8 + tid; v < hi; v += blockDim.x) word(p[v] * 0x00010001u);
+    lg_tile16(p, lo, hi, [&](int, u32 w) { word(w); },
+              [&](int, u16 h) { word((u32)h * 0x00010001u); });  /* one token in both halves */
   } else {
+    /* lg_tile16's loads, with a block barrier after the first round: its largest finite
+     * magnitude sets the window */
+    const int tid = threadIdx.x;
+    const int n8 = (((size_t)(p + lo)) & 15) == 0 ? (hi - lo) >> 3 : 0;
+    const uint4* p4 = (const uint4*)(p + lo);
+    uint4 x[LG_LOADS];
+    auto load = [&](int j0) {
+#pragma unroll
+      for (int u = 0; u < LG_LOADS; ++u) {
+        const int j = j0 + u * (int)blockDim.x;
+        if (j < n8) x[u] = __ldcs(&p4[j]);
+      }
+    };
+    auto each = [&](int j0, auto f) {
+#pragma unroll
+      for (int u = 0; u < LG_LOADS; ++u) {
+        const int j = j0 + u * (int)blockDim.x;
+        if (j >= n8) break;
+        f(x[u].x); f(x[u].y); f(x[u].z); f(x[u].w);
+      }
+    };
+    load(tid);
+    each(tid, word);
     const u32 mr = __reduce_max_sync(0xffffffffu, max(m2 & 0xFFFFu, m2 >> 16));
     if ((tid & 31) == 0) atomicMax(m0, mr);
     __syncthreads();
