@@ -721,9 +721,11 @@ DC_FN int lg_rank_slot(int rk) { return rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk
 /* Token count of the row's table entry s (binades from e0) in tile t, from the tile's
  * record in the row's tcnt: its count over the record's window where that window holds
  * the value, plus its listed tokens of that value.  Only for a record logits_hist took
- * (lg_records_usable). */
-DC_FN u32 lg_tcount(const u32* tc, int t, int s, u32 e0) {
+ * (lg_records_usable).  counted false (a call logits_max did not count): every record is
+ * logits_hist's, over the row's window with nothing listed, and the count is read at once. */
+DC_FN u32 lg_tcount(const u32* tc, int t, int s, u32 e0, bool counted) {
   const u32* tr = tc + (i64)t * LG_TCW;
+  if (!counted) return (__ldcg(&tr[s >> 1]) >> ((s & 1) << 4)) & 0xFFFFu;
   const u32 hdr = __ldcg(&tr[LG_TE / 2]), e0t = hdr >> 16, n = min(hdr & 0xFFFFu, (u32)LG_OTH);
   u32 c = 0;
   if (e0t != LG_NOWIN) {
@@ -750,11 +752,13 @@ DC_FN bool lg_records_usable(const u32* tc, int nt) {
 
 /* The cut inside bucket j by count (top-k, !by_mass) or by mass reaching target; by
  * mass after a top-k cut of key kkey keeping km tokens of that value when kcut.  tc: the
- * row's tile counts; ls: 2 x LG_VCUT words of shared scratch.  Every thread of the block
- * calls it and gets the result. */
+ * row's tile counts (counted: the call's, logits_max's records among them; lg_tcount);
+ * ls: 2 x LG_VCUT words of shared scratch.  Every thread of the block calls it and gets
+ * the result. */
 static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zmax,
-                                                     const u32* tc, int nt, int tile, int V,
-                                                     int j, bool by_mass, u64 target,
+                                                     const u32* tc, int nt, bool counted,
+                                                     int tile, int V, int j, bool by_mass,
+                                                     u64 target,
                                                      bool kcut, u64 kkey, u32 km, u32* ls,
                                                      DcShared& sh) {
   __shared__ LgVPick res;
@@ -762,7 +766,8 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   __syncthreads();  /* every thread holds the previous call's result */
   if (tid == 0) { res.ok = 0; res.id = -1; s_at = -1; s_bad = 0; }
-  if (lg_bucket_has_others(zmax, row.temp, row.e0, j) || !lg_records_usable(tc, nt)) {
+  if (lg_bucket_has_others(zmax, row.temp, row.e0, j) ||
+      (counted && !lg_records_usable(tc, nt))) {
     __syncthreads();
     return res;
   }
@@ -796,7 +801,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
       const int sv = (int)ls[wid];
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        if (lane + 32 * u < nt) tcr[u] = lg_tcount(tc, lane + 32 * u, sv, row.e0);
+        if (lane + 32 * u < nt) tcr[u] = lg_tcount(tc, lane + 32 * u, sv, row.e0, counted);
       const u32 c = __reduce_add_sync(0xffffffffu, tcr[0] + tcr[1] + tcr[2] + tcr[3]);
       if (lane == 0) ls[LG_VCUT + wid] = c;
     }
@@ -804,7 +809,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     for (int i = wid; i < n; i += 8) {
       const int sv = (int)ls[i];
       u32 c = 0;
-      for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, sv, row.e0);
+      for (int t = lane; t < nt; t += 32) c += lg_tcount(tc, t, sv, row.e0, counted);
       c = __reduce_add_sync(0xffffffffu, c);
       if (lane == 0) ls[LG_VCUT + i] = c;
     }
@@ -856,12 +861,12 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   } else {  /* a run of tiles a thread */
     const int tper = (nt + 255) / 256, t0 = min(nt, tid * tper), t1 = min(nt, t0 + tper);
     u32 own_c = 0;
-    for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc, row.e0);
+    for (int t = t0; t < t1; ++t) own_c += lg_tcount(tc, t, sc, row.e0, counted);
     const u32 tb = (u32)lg_scan64(own_c, &tot, sh);
     if (tb < m && m <= tb + own_c) {
       u32 b = tb;
       for (int t = t0; t < t1; ++t) {
-        const u32 c = lg_tcount(tc, t, sc, row.e0);
+        const u32 c = lg_tcount(tc, t, sc, row.e0, counted);
         if (b + c >= m) { s_tile = t; s_rest = m - b; break; }
         b += c;
       }
@@ -1027,7 +1032,8 @@ static __device__ __noinline__ void lg_hist_record(const LgRow& row, double zmax
  * done.  Out of line: the pass's registers are not held across it. */
 static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, const LgRow& row,
                                                    double zmax, bool table, const u32* tc,
-                                                   int nt, int tile, int V, const u32* sc,
+                                                   int nt, bool counted, int tile, int V,
+                                                   const u32* sc,
                                                    const u64* sm, u32* ls, DcShared& sh,
                                                    LgFound* fdp) {
   LgFound& fd = *fdp;
@@ -1041,8 +1047,8 @@ static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, cons
    * record names its bucket for logits_resolve */
   auto p_pick = [&](const LgFound& f, u64 target, bool kcut, u64 kkey, u32 km) {
     if (!table) return;
-    const LgVPick pp = lg_value_pick(row, zmax, tc, nt, tile, V, f.j, true, target, kcut,
-                                     kkey, km, ls, sh);
+    const LgVPick pp = lg_value_pick(row, zmax, tc, nt, counted, tile, V, f.j, true, target,
+                                     kcut, kkey, km, ls, sh);
     if (pp.ok && tid == 0) {
       rc[LG_PKEY] = pp.key; rc[LG_PID] = (u64)pp.id; lg_finish(rc, f.mass_before + pp.mass);
     }
@@ -1052,8 +1058,8 @@ static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, cons
     const u64 needk = (u64)q.topk - f.cnt_before, base = f.mass_before;
     LgVPick pk;
     pk.ok = 0;
-    if (table) pk = lg_value_pick(row, zmax, tc, nt, tile, V, f.j, false, needk, false, 0, 0,
-                                  ls, sh);
+    if (table) pk = lg_value_pick(row, zmax, tc, nt, counted, tile, V, f.j, false, needk, false,
+                                  0, 0, ls, sh);
     if (!pk.ok) {
       if (tid == 0) {
         rc[LG_STAGE] = LG_RES_K; rc[LG_BUCKET] = (u64)f.j;
@@ -1238,7 +1244,7 @@ DC_FN void lg_hist_run(const void* x, int dt, const double* temp, const i64* top
   }
   DY_TL_MARK(2);  /* the last block holds the row's histogram */
   /* ec is free: its counts have entered the histogram */
-  lg_hist_decide(rc, q, row, zmax, table, tc, nt, tile, V, sc, sm, ec, sh, &fd);
+  lg_hist_decide(rc, q, row, zmax, table, tc, nt, counted, tile, V, sc, sm, ec, sh, &fd);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) logits_hist(
