@@ -8,8 +8,8 @@ stamps the GPU's ``%globaltimer`` (nanoseconds, one clock for every SM) into a d
 array when the block starts (the earliest kept), when it reaches ``dc_elect_last`` (the
 latest kept: the row's blocks are done with their pass), when it is elected the last
 block of its row (the latest kept), when it passes a phase mark ``DY_TL_MARK(m)``,
-m = 0..3, of the kernel's body (the latest kept; the marks are nothing in the normal
-build, common.cuh) and when it returns (the latest kept).  For each
+m = 0..3, in the kernel's body or a function it calls (the latest kept; the marks are
+nothing in the normal build, common.cuh) and when it returns (the latest kept).  For each
 batch size and case of ``python -m dyadic.bench gpu`` (``--cases`` picks them as there;
 default the verify-from-logits case), the instrumented launchers replace this tree's,
 the case's dyadic calls run one at a time (a cold case's rotated input sets in turn),
@@ -56,12 +56,12 @@ _STAMPS = r"""
 /* dyadic.bench timeline: per kernel [first start, last pass end, last election, last end,
  * the last passes of marks 0..3] (%globaltimer ns), then the sums over its blocks [blocks,
  * their lives, their times to the election, blocks reaching it, their times to marks 0..3,
- * blocks passing each]; the last row is the sink of elections and marks outside a
- * kernel's body.  dy_tl_t0: the block's start, which thread 0 writes and reads alone (in
- * shared memory: the kernels hold no register for it) */
-__device__ unsigned long long dy_timeline[DY_TL_KERNELS + 1][DY_TL_COLS];
+ * blocks passing each].  dy_tl_t0: the block's start, dy_tl_k: its kernel's row, which
+ * thread 0 writes and reads alone (in shared memory: the kernels hold no register for
+ * them; an election or mark in a function a kernel calls stamps that kernel's row) */
+__device__ unsigned long long dy_timeline[DY_TL_KERNELS][DY_TL_COLS];
 __shared__ unsigned long long dy_tl_t0;
-static constexpr int dy_tl_k = DY_TL_KERNELS;
+__shared__ int dy_tl_k;
 __device__ __forceinline__ unsigned long long dy_tl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -82,8 +82,9 @@ struct DyTlEnd {
     }
   }
 };
-#define DY_TL_BEGIN(K) constexpr int dy_tl_k = K; (void)dy_tl_k; DyTlEnd dy_tl_end{K}; \
-  if (threadIdx.x == 0) { dy_tl_t0 = dy_tl_now(); atomicMin(&dy_timeline[K][0], dy_tl_t0); }
+#define DY_TL_BEGIN(K) DyTlEnd dy_tl_end{K}; \
+  if (threadIdx.x == 0) { dy_tl_k = K; dy_tl_t0 = dy_tl_now(); \
+    atomicMin(&dy_timeline[K][0], dy_tl_t0); }
 __device__ __forceinline__ int dy_tl_pass(int k) {
   if (threadIdx.x == 0) {
     const unsigned long long t = dy_tl_now();
@@ -195,7 +196,7 @@ def instrument(kernel_dir, dst):
 
 def summarise(stamps, names):
     """Per-kernel medians (us) over calls from ``stamps``, a list of one uint64 array
-    [len(names) + 1, COLS] per call (instrument's layout): rows {"kernel", "start",
+    [len(names), COLS] per call (instrument's layout): rows {"kernel", "start",
     "gap", "pass", "wait", "tail", "total", "marks", "block"} in launch order, None where
     a kernel has no election (and "gap" of the first); "marks" {m: time from the kernel's
     start} of the marks passed in every call; "block" the mean over a call's blocks of
@@ -302,7 +303,7 @@ def main(argv=None):
         mod = runtime.compile_module(kdir, runtime.include_dir())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    stamps = cupy.ndarray((len(names) + 1, COLS), cupy.uint64, mod.get_global(ARRAY))
+    stamps = cupy.ndarray((len(names), COLS), cupy.uint64, mod.get_global(ARRAY))
     own = {n: runtime.kernel(n) for n in names}
     timed = {n: runtime.launcher(mod, n) for n in names}
 

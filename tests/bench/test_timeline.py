@@ -108,9 +108,9 @@ def test_folders_it_cannot_instrument(tmp_path, files, why):
 
 
 def _call(rows, blocks=None):
-    """One call's stamps for three kernels (the last row: the sink), us -> ns; blocks
-    {kernel: {column: value}} the per-block sums (times in us, counts as they are)."""
-    a = np.zeros((4, timeline.COLS), np.uint64)
+    """One call's stamps for three kernels, us -> ns; blocks {kernel: {column: value}}
+    the per-block sums (times in us, counts as they are)."""
+    a = np.zeros((3, timeline.COLS), np.uint64)
     a[:, 0] = NEVER
     for i, r in rows.items():
         a[i, :len(r)] = [int(x * 1000) for x in r]
