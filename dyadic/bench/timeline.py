@@ -8,7 +8,7 @@ stamps the GPU's ``%globaltimer`` (nanoseconds, one clock for every SM) into a d
 array when the block starts (the earliest kept), when it reaches ``dc_elect_last`` (the
 latest kept: the row's blocks are done with their pass), when it is elected the last
 block of its row (the latest kept), when it passes a phase mark ``DY_TL_MARK(m)``,
-m = 0..3, in the kernel's body or a function it calls (the latest kept; the marks are
+m = 0..7, in the kernel's body or a function it calls (the latest kept; the marks are
 nothing in the normal build, common.cuh) and when it returns (the latest kept).  For each
 batch size and case of ``python -m dyadic.bench gpu`` (``--cases`` picks them as there;
 default the verify-from-logits case), the instrumented launchers replace this tree's,
@@ -54,8 +54,8 @@ ARRAY = "dy_timeline"
 _ELECT = re.compile(r"(template\s*<[^<>]*>\s*)?DC_FN\s+bool\s+dc_elect_last\s*\(")
 _STAMPS = r"""
 /* dyadic.bench timeline: per kernel [first start, last pass end, last election, last end,
- * the last passes of marks 0..3] (%globaltimer ns), then the sums over its blocks [blocks,
- * their lives, their times to the election, blocks reaching it, their times to marks 0..3,
+ * the last passes of marks 0..7] (%globaltimer ns), then the sums over its blocks [blocks,
+ * their lives, their times to the election, blocks reaching it, their times to marks 0..7,
  * blocks passing each].  dy_tl_t0: the block's start, dy_tl_k: its kernel's row, which
  * thread 0 writes and reads alone (in shared memory: the kernels hold no register for
  * them; an election or mark in a function a kernel calls stamps that kernel's row) */
@@ -102,11 +102,13 @@ __device__ __forceinline__ bool dy_tl_elect(int k, bool last) {
   atomicMax(&dy_timeline[dy_tl_k][4 + (m)], dy_tl_t); \
   dy_tl_span(dy_tl_k, DY_TL_TO_MARK + (m), DY_TL_PASSED + (m), dy_tl_t); } } while (0)
 """
-MARKS = 4  # DY_TL_MARK(0..3)
+MARKS = 8  # DY_TL_MARK(0..7)
 # the per-block sums after the 4 + MARKS stamps (_STAMPS): blocks, the sum of their lives,
 # the sum of their times to the election and how many reached it, the sums of their times
 # to each mark, then how many passed each
-BLOCKS, LIFE, ARRIVE, ARRIVED, TO_MARK, PASSED = 8, 9, 10, 11, 12, 12 + MARKS
+BLOCKS = 4 + MARKS
+LIFE, ARRIVE, ARRIVED, TO_MARK = BLOCKS + 1, BLOCKS + 2, BLOCKS + 3, BLOCKS + 4
+PASSED = TO_MARK + MARKS
 COLS = PASSED + MARKS
 _COLUMNS = "".join(f"#define DY_TL_{n} {v}\n" for n, v in (
     ("COLS", COLS), ("BLOCKS", BLOCKS), ("LIFE", LIFE), ("ARRIVE", ARRIVE),

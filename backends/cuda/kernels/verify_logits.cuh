@@ -783,6 +783,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   for (int i = 0, o = at; i < per; ++i)
     if ((mine >> i) & 1u) ls[o++] = (u32)lg_rank_slot(tid * per + i);
   __syncthreads();
+  DY_TL_MARK(3);  /* the bucket's values listed */
   /* each value's W and key, their loads in flight during the counts */
   u64 cnt = 0, mass = 0, w = 0, key = 0, next = 0;
   int s = 0;
@@ -815,6 +816,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     }
   }
   __syncthreads();
+  DY_TL_MARK(4);  /* the values' counts over the tiles */
   __shared__ int s_ci;
   if (tid < n) {
     cnt = ls[LG_VCUT + tid];
@@ -834,6 +836,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   __shared__ u32 s_rest;
   if (tid == 0) s_tile = -1;
   __syncthreads();
+  DY_TL_MARK(5);  /* the cut's value */
   if (s_at < 0) return res;
   const int sc = s_at, ci = s_ci;
   const u32 m = res.m;
@@ -873,6 +876,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     }
   }
   __syncthreads();
+  DY_TL_MARK(6);  /* the cut's tile */
   if (!(m <= tot) || s_tile < 0 || s_tile >= nt) return res;
   /* the tile's s_rest-th token of value sc in ascending id, read in 16-byte words of 8
    * tokens (word 256 i + tid to thread tid, its match count in 4 bits of `packed`), then
@@ -910,6 +914,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     if (lane == 0 && c) atomicAdd(&rowtot[i], c);
   }
   __syncthreads();
+  DY_TL_MARK(7);  /* the cut's tile read */
   const u32 rest = s_rest;
   u32 before = 0;
   int rs = -1;
