@@ -317,6 +317,36 @@ DC_FN u64 lg_scan64(u64 v, u64* total, DcShared& sh) {
   return r;
 }
 
+/* lg_scan64 of two u64 per thread at once (the same barriers as one): returns a's
+ * exclusive scan, *eb b's; *ta, *tb the sums.  blockDim.x < 1024. */
+DC_FN u64 lg_scan64x2(u64 a, u64 b, u64* ta, u64* tb, u64* eb, DcShared& sh) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  u64 ia = a, ib = b;
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 xa = __shfl_up_sync(0xffffffffu, ia, o), xb = __shfl_up_sync(0xffffffffu, ib, o);
+    if (lane >= o) { ia += xa; ib += xb; }
+  }
+  __syncthreads();
+  if (lane == 31) { sh.r64[wid] = ia; sh.r64b[wid] = ib; }
+  __syncthreads();
+  if (wid == 0) {
+    const u64 wa = lane < nw ? sh.r64[lane] : 0, wb = lane < nw ? sh.r64b[lane] : 0;
+    u64 sa = wa, sb = wb;
+    for (int o = 1; o < 32; o <<= 1) {
+      const u64 xa = __shfl_up_sync(0xffffffffu, sa, o), xb = __shfl_up_sync(0xffffffffu, sb, o);
+      if (lane >= o) { sa += xa; sb += xb; }
+    }
+    if (lane < nw) { sh.r64[lane] = sa - wa; sh.r64b[lane] = sb - wb; }
+    if (lane == 31) { sh.r64[31] = sa; sh.r64b[31] = sb; }
+  }
+  __syncthreads();
+  const u64 ra = sh.r64[wid] + ia - a;
+  *eb = sh.r64b[wid] + ib - b;
+  *ta = sh.r64[31]; *tb = sh.r64b[31];
+  __syncthreads();
+  return ra;
+}
+
 /* A place in an ordered list of LG_NB (bucket) or sorted-candidate entries. */
 struct LgFound { int j; u64 cnt_before, mass_before, mass_at; };
 
@@ -324,14 +354,18 @@ struct LgFound { int j; u64 cnt_before, mass_before, mass_at; };
  * thread of a 256-thread block) whose inclusive running sum of mass (by_mass) or of
  * cnt reaches target (1 <= target <= that sum over [0, lim)), with the sums before
  * it and its own mass.  All threads get it. */
-DC_FN LgFound lg_find(const u32* cnt, const u64* mass, int lim, u64 target, bool by_mass,
-                      DcShared& sh, LgFound* out) {
+DC_FN void lg_find_sums(const u32* cnt, const u64* mass, int lim, u64* c, u64* m) {
   const int j0 = threadIdx.x * 8;
-  u64 c = 0, m = 0;
+  *c = 0; *m = 0;
   for (int j = j0; j < j0 + 8; ++j)
-    if (j < lim) { c += cnt ? cnt[j] : 1u; m += mass[j]; }
-  u64 ct, mt;
-  const u64 ce = lg_scan64(c, &ct, sh), me = lg_scan64(m, &mt, sh);
+    if (j < lim) { *c += cnt ? cnt[j] : 1u; *m += mass[j]; }
+}
+
+/* lg_find once the thread's sums c, m of its 8 entries (lg_find_sums) and their
+ * exclusive scans ce, me over the block are known. */
+DC_FN LgFound lg_find_scanned(const u32* cnt, const u64* mass, int lim, u64 target,
+                              bool by_mass, u64 c, u64 m, u64 ce, u64 me, LgFound* out) {
+  const int j0 = threadIdx.x * 8;
   const u64 e = by_mass ? me : ce, own = by_mass ? m : c;
   if (e < target && target <= e + own) {
     u64 cb = ce, mb = me;
@@ -348,6 +382,14 @@ DC_FN LgFound lg_find(const u32* cnt, const u64* mass, int lim, u64 target, bool
   const LgFound f = *out;
   __syncthreads();
   return f;
+}
+
+DC_FN LgFound lg_find(const u32* cnt, const u64* mass, int lim, u64 target, bool by_mass,
+                      DcShared& sh, LgFound* out) {
+  u64 c, m, ct, mt, me;
+  lg_find_sums(cnt, mass, lim, &c, &m);
+  const u64 ce = lg_scan64x2(c, m, &ct, &mt, &me, sh);
+  return lg_find_scanned(cnt, mass, lim, target, by_mass, c, m, ce, me, out);
 }
 
 /* Scaling of the kept total T (2**39 <= T <= 2**63) into [2**62, 2**63]
@@ -677,13 +719,17 @@ DC_FN bool lg_row_active(const double* temp, const i64* topk, const u32* topp, c
 /* The top-p decision over the buckets before lim (kept mass ts, the mass before bucket
  * lim is base, the bucket's kept mass beyond it handled by the caller): a row done
  * or left with stage LG_RES_P.  cnt / mass: the row's histogram in shared memory. */
-DC_FN LgFound lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mass, int lim,
-                                  DcShared& sh, LgFound* scratch) {
-  const LgFound f = lg_find(cnt, mass, lim, need, true, sh, scratch);
+DC_FN void lg_mark_p_bucket(u64* rc, u64 need, const LgFound& f) {
   if (threadIdx.x == 0) {
     rc[LG_STAGE] = LG_RES_P; rc[LG_BUCKET] = (u64)f.j;
     rc[LG_NEED] = need - f.mass_before; rc[LG_BASE] = f.mass_before;
   }
+}
+
+DC_FN LgFound lg_decide_p_buckets(u64* rc, u64 need, const u32* cnt, const u64* mass, int lim,
+                                  DcShared& sh, LgFound* scratch) {
+  const LgFound f = lg_find(cnt, mass, lim, need, true, sh, scratch);
+  lg_mark_p_bucket(rc, need, f);
   return f;
 }
 
@@ -824,8 +870,8 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     if (by_mass && kcut) cnt = key < kkey ? 0 : (key == kkey ? km : cnt);
     mass = cnt * w;
   }
-  u64 ct, mt;
-  const u64 ce = lg_scan64(cnt, &ct, sh), me = lg_scan64(mass, &mt, sh);
+  u64 ct, mt, me;
+  const u64 ce = lg_scan64x2(cnt, mass, &ct, &mt, &me, sh);
   if (s_bad) return res;
   const u64 e = by_mass ? me : ce, own = by_mass ? mass : cnt;
   if (tid < n && e < target && target <= e + own) {
@@ -833,8 +879,9 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     res.key = key; res.m = (u32)m; res.mass = me + m * w; s_at = s; s_ci = tid;
   }
   __shared__ int s_tile;
-  __shared__ u32 s_rest;
+  __shared__ u32 s_rest, rowtot[LG_VROWS];
   if (tid == 0) s_tile = -1;
+  if (tid < LG_VROWS) rowtot[tid] = 0;
   __syncthreads();
   DY_TL_MARK(5);  /* the cut's value */
   if (s_at < 0) return res;
@@ -879,25 +926,26 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   DY_TL_MARK(6);  /* the cut's tile */
   if (!(m <= tot) || s_tile < 0 || s_tile >= nt) return res;
   /* the tile's s_rest-th token of value sc in ascending id, read in 16-byte words of 8
-   * tokens (word 256 i + tid to thread tid, its match count in 4 bits of `packed`), then
-   * the tokens after the last whole word; a tile not 16-byte aligned is left to
-   * logits_resolve */
+   * tokens (word 256 i + tid to thread tid, its match count in 4 bits of `packed`), four
+   * rows of 256 words a round until the rows read hold s_rest of them, then the tokens
+   * after the last whole word; a tile not 16-byte aligned is left to logits_resolve */
   const u16 hv = (u16)(lg_slot_bits(sc, row.e0) >> 16);
   const u16* p = (const u16*)row.x + row.off;
   const int lo = s_tile * tile, hi = min(V, lo + tile), nw = (hi - lo) >> 3;
   const int nrow = (nw + 255) / 256;
   if ((((size_t)(p + lo)) & 15) || nrow > LG_VROWS) return res;
-  __shared__ u32 rowtot[LG_VROWS];
-  if (tid < LG_VROWS) rowtot[tid] = 0;
   const uint4* p4 = (const uint4*)(p + lo);
-  const u32 hv2 = (u32)hv * 0x00010001u;
+  const u32 hv2 = (u32)hv * 0x00010001u, rest = s_rest;
   u64 packed = 0;
-  for (int i0 = 0; i0 < nrow; i0 += 4) {
+  u32 before = 0;  /* the value's tokens in the rows before row rs */
+  int rs = -1;     /* the row holding the s_rest-th, block-uniform */
+  uint4 xr = make_uint4(0, 0, 0, 0);  /* the thread's word of row rs */
+  for (int i0 = 0; i0 < nrow && rs < 0; i0 += 4) {
     uint4 x[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int j = (i0 + u) * 256 + tid;
-      if (i0 + u < nrow && j < nw) x[u] = __ldcg(&p4[j]);
+      x[u] = i0 + u < nrow && j < nw ? __ldcg(&p4[j]) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -907,22 +955,22 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
                      + __popc(__vcmpeq2(x[u].z, hv2)) + __popc(__vcmpeq2(x[u].w, hv2))) >> 4;
       packed |= (u64)c << (4 * (i0 + u));
     }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (i0 + u >= nrow) continue;
+      const u32 c = __reduce_add_sync(0xffffffffu, (u32)(packed >> (4 * (i0 + u))) & 15u);
+      if (lane == 0 && c) atomicAdd(&rowtot[i0 + u], c);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (rs >= 0 || i0 + u >= nrow) continue;
+      const u32 c = rowtot[i0 + u];
+      if (before + c >= rest) { rs = i0 + u; xr = x[u]; }
+      else before += c;
+    }
   }
-  __syncthreads();  /* rowtot zeroed */
-  for (int i = 0; i < nrow; ++i) {
-    const u32 c = __reduce_add_sync(0xffffffffu, (u32)(packed >> (4 * i)) & 15u);
-    if (lane == 0 && c) atomicAdd(&rowtot[i], c);
-  }
-  __syncthreads();
   DY_TL_MARK(7);  /* the cut's tile read */
-  const u32 rest = s_rest;
-  u32 before = 0;
-  int rs = -1;
-  for (int i = 0; i < nrow && rs < 0; ++i) {
-    const u32 c = rowtot[i];
-    if (before + c >= rest) rs = i;
-    else before += c;
-  }
   if (rs < 0) {  /* among the tokens after the last whole word */
     if (tid == 0) {
       u32 b = before;
@@ -936,8 +984,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
   const u32 vb = (u32)lg_scan64(own_v, &tot, sh);
   if (vb < want && want <= vb + own_v) {
     const int j = rs * 256 + tid;
-    const uint4 x = __ldcg(&p4[j]);
-    const u32 w4[4] = {x.x, x.y, x.z, x.w};
+    const u32 w4[4] = {xr.x, xr.y, xr.z, xr.w};
     u32 b = vb;
     for (int h = 0; h < 8; ++h)
       if ((u16)(w4[h >> 1] >> ((h & 1) << 4)) == hv && ++b == want) {
@@ -1043,11 +1090,9 @@ static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, cons
                                                    LgFound* fdp) {
   LgFound& fd = *fdp;
   const int tid = threadIdx.x;
-  u64 c = 0, m = 0;
-  for (int j = tid * 8; j < tid * 8 + 8; ++j) { c += sc[j]; m += sm[j]; }
-  u64 nsurv, ts;
-  lg_scan64(c, &nsurv, sh);
-  lg_scan64(m, &ts, sh);
+  u64 c, m, nsurv, ts, me;
+  lg_find_sums(sc, sm, LG_NB, &c, &m);
+  const u64 ce = lg_scan64x2(c, m, &nsurv, &ts, &me, sh);
   /* a cut is placed here from the value counts where it can (lg_value_pick), else the
    * record names its bucket for logits_resolve */
   auto p_pick = [&](const LgFound& f, u64 target, bool kcut, u64 kkey, u32 km) {
@@ -1059,7 +1104,7 @@ static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, cons
     }
   };
   if (q.topk > 0 && (u64)q.topk < nsurv) {  /* top-k cuts inside bucket j */
-    const LgFound f = lg_find(sc, sm, LG_NB, (u64)q.topk, false, sh, &fd);
+    const LgFound f = lg_find_scanned(sc, sm, LG_NB, (u64)q.topk, false, c, m, ce, me, &fd);
     const u64 needk = (u64)q.topk - f.cnt_before, base = f.mass_before;
     LgVPick pk;
     pk.ok = 0;
@@ -1090,7 +1135,9 @@ static __device__ __noinline__ void lg_hist_decide(u64* rc, const LgReq& q, cons
   }
   const u64 need = lg_top_p_need(q.topp, ts);
   if (!need) { if (tid == 0) lg_finish(rc, ts); return; }
-  const LgFound f = lg_decide_p_buckets(rc, need, sc, sm, LG_NB, sh, &fd);
+  /* the buckets' scans above serve the top-p search over all of them */
+  const LgFound f = lg_find_scanned(sc, sm, LG_NB, need, true, c, m, ce, me, &fd);
+  lg_mark_p_bucket(rc, need, f);
   p_pick(f, need - f.mass_before, false, 0, 0);
 }
 
