@@ -76,9 +76,10 @@ ROUTES = [
      ("verify_chain", "verify_residual")),
     ("verify", dict(batch=1, v=128 * 32768 + 1, k1=2, lazy=True),
      ("verify_chain", "verify_residual")),
-    # tests/gpu/test_gpu_ragged.py: num_drafts takes verify_lazy with check="lazy", else
-    # the two launches (verify_one_launch validates every row)
-    ("verify", dict(batch=1, v=V, k1=6, ragged=True), ("verify_chain", "verify_residual")),
+    # tests/gpu/test_gpu_ragged.py: num_drafts does not change the route
+    ("verify", dict(batch=1, v=V, k1=6, ragged=True), ("verify_one_launch",)),
+    ("verify", dict(batch=4, v=V, k1=6, ragged=True), ("verify_one_launch",)),
+    ("verify", dict(batch=64, v=V, k1=6, ragged=True), ("verify_chain", "verify_residual")),
     ("verify", dict(batch=16, v=V, k1=6, lazy=True, ragged=True), ("verify_lazy",)),
     ("verify", dict(batch=64, v=V, k1=6, lazy=True, ragged=True), ("verify_lazy_r64",)),
     ("verify", dict(batch=4, v=V, k1=6, lazy=True, ragged=True, greedy=True),

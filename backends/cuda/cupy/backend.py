@@ -118,15 +118,14 @@ class CupyBackend(Backend):
                      position, accepted, tokens, status, num_drafts=None):
         """verify with no greedy request: verify_one_launch where its grid fits
         (routes.one_launch_tile), else the two launches (with the plan's zero flags;
-        ``greedy`` is not read).  With ``num_drafts`` the two launches."""
+        ``greedy`` is not read); ``num_drafts`` is read by either."""
         self._verify(target, draft, q_counts, q_ids, None, (seed, generation, round, position),
                      (accepted, tokens, status), False, False, num_drafts)
 
     def verify_lazy(self, target, draft, q_counts, q_ids, seed, generation, round, position,
                     accepted, tokens, status, num_drafts=None):
         """verify with check="lazy" (no greedy rows): verify_lazy in one launch; for V
-        above routes.LAZY_MAX_V the route of verify_plain (full validation).  With
-        ``num_drafts`` the two launches (full validation of the rows used)."""
+        above routes.LAZY_MAX_V the route of verify_plain (full validation)."""
         self._verify(target, draft, q_counts, q_ids, None, (seed, generation, round, position),
                      (accepted, tokens, status), False, True, num_drafts)
 

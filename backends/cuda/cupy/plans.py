@@ -431,7 +431,8 @@ class LazyVerify(_OneKernelVerify):
 
 class OneLaunchVerify(_OneKernelVerify):
     """verify_one_launch (check=False / True, no greedy request): the tests in block 0 of
-    each request, every row's tiles, the full validation, the walk and the draw."""
+    each request, every used row's tiles, the full validation, the walk and the draw; with
+    num_drafts (``nd``) a request's rows beyond its count are not read."""
 
     def __init__(self, batch, k1, v, w, nsm, greedy=False):
         vt = routes.one_launch_tile(v, batch, k1, nsm)
@@ -444,7 +445,7 @@ class OneLaunchVerify(_OneKernelVerify):
                            (256,), (
             *_VIN, I32[w], I32[k1 - 1], I32[v], I32[nt], *_KEYVARS, _KFMT, *_ptrs(bufs[:4]),
             I32[min(routes.LAZY_LIST_CAP, v)], *_VOUT, cnt, tz, I32[vt], _VVEC, _VVECQ,
-            I32[batch]), _VERIFY_PARAMS, bufs)
+            I32[batch], _VND), _VERIFY_PARAMS, bufs)
 
 
 class LogitsVerify:

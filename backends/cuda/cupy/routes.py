@@ -22,8 +22,8 @@ Routes (kernel names of backends/cuda/kernels/):
 - draw: ``draw_rows``.
 - verify (check=False / True) without greedy requests: ``verify_one_launch`` where
   its grid fits (one_launch_tile), else ``verify_chain`` + ``verify_residual``; with
-  greedy requests, or num_drafts, always the two launches.
-- verify, check="lazy", without greedy requests or num_drafts: ``verify_lazy`` (``verify_lazy_r64``
+  greedy requests always the two launches (num_drafts does not change the route).
+- verify, check="lazy", without greedy requests: ``verify_lazy`` (``verify_lazy_r64``
   when its grid exceeds one wave at 3 blocks per SM) for V <= LAZY_MAX_V; above, the
   check=False route (the contract allows it: results on valid input are identical).
 - verify(logits=True), every check mode: ``logits_max``, ``logits_table`` (bfloat16
@@ -194,15 +194,12 @@ def dense_tile(v, batch, nsm):
 def verify_route(batch, k1, v, nsm, greedy, lazy, ragged=False):
     """The verify kernels of a call: "lazy" (verify_lazy / _r64), "one_launch" or
     "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given;
-    ``ragged``: num_drafts given (read by verify_lazy and the two launches, which skip
-    every row beyond a request's count; verify_one_launch validates every row, so a
-    ragged check=False call takes the two launches)."""
+    ``ragged``: num_drafts given (every route reads it and skips the rows beyond a
+    request's count; the route does not depend on it)."""
     if greedy:
         return "two_launch"
     if lazy and v <= LAZY_MAX_V:
         return "lazy"
-    if ragged:
-        return "two_launch"
     return "one_launch" if one_launch_tile(v, batch, k1, nsm) else "two_launch"
 
 
