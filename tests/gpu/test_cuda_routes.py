@@ -185,6 +185,8 @@ def test_the_value_table_constants_agree_with_the_kernels():
     assert define("LG_VROWS") * 256 * 8 == routes.LOGITS_MAX_TILE
     # a tile's record: LG_TE 16-bit counts, the header, LG_OTH 16-bit listed tokens
     assert plans.LG_TCW == plans.LG_TE // 2 + 1 + define("LG_OTH") // 2
+    # a residual tile keeps up to LG_RL listed tokens (the plan's scratch holds as many)
+    assert plans.LG_RL == define("LG_RL")
     # its counts are 16 bits: a tile holds fewer than 65536 tokens
     assert routes.LOGITS_MAX_TILE < 1 << 16
     # logits_max counts a call's tiles exactly where routes says (lg_counted)

@@ -210,6 +210,7 @@ class Dense:
 LG_TE = 4096  # value-table entries of a row (verify_logits.cuh)
 LG_TABW = LG_TE * 18 // 8  # u64 words of a row's value table: W, key (u64), bucket (u16)
 LG_TCW = LG_TE // 2 + 1 + 31  # u32 words of a tile's record: counts, header, LG_OTH = 62 tokens
+LG_RL = 128  # listed tokens a residual tile keeps with their weights (verify_logits.cuh)
 
 
 def _logits_rows_bufs(rows, nt, x_code):
@@ -466,8 +467,13 @@ class LogitsVerify:
         nt, nrt = -(-v // tile), -(-v // rt)
         bufs = _logits_rows_bufs(rows, nt, x_code) + (
             runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
-            runtime.scratch("lg_rcnt", 4 * batch))
-        rec, tab, res_row, rpart, rcnt = _ptrs(bufs[3:4] + bufs[10:11] + bufs[12:])
+            runtime.scratch("lg_rcnt", 4 * batch),
+            # each residual tile's listed tokens with their weights (LG_RL a tile) and count
+            runtime.scratch("lg_rl_w", 16 * LG_RL * batch * nrt),
+            runtime.scratch("lg_rl_id", 4 * LG_RL * batch * nrt),
+            runtime.scratch("lg_rl_n", 4 * batch * nrt))
+        rec, tab, res_row, rpart, rcnt, rl_w, rl_id, rl_n = _ptrs(
+            bufs[3:4] + bufs[10:11] + bufs[12:])
         head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
                                                                  "g", "nd")),
                 I32[batch], I32[k], I32[v])
@@ -478,7 +484,8 @@ class LogitsVerify:
             _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
                 rec, tab, res_row, *_VOUT), names),
             _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
-                I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT), names))
+                I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT,
+                                                 rl_w, rl_id, rl_n), names))
 
     def launch(self, t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st):
         stream = launch.current_stream()  # read once for the launches

@@ -72,6 +72,8 @@
 #define LG_BIN 16    /* binades of the value table */
 #define LG_TE (2 * LG_BIN * 128)  /* value-table entries: 2 signs x binades x 128 mantissas */
 #define LG_TABW (LG_TE * 18 / 8)  /* u64 words of a row's table: W, key (u64), bucket (u16) */
+#define LG_RL 128  /* listed tokens a residual tile keeps with their weights (rl_*) */
+#define LG_RL_NONE 0xFFFFFFFFu  /* a tile whose list was not kept */
 #define LG_RTILE (2 * LG_TE)  /* tokens of a residual tile its last block holds in shared
                                 memory (routes.LOGITS_RESIDUAL_MAX_TILE) */
 #define LG_TABLE_ROWS 128  /* calls over at most this many rows fill the value tables in
@@ -1740,7 +1742,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     int rt, const int* draft, const u32* qc, const int* qi, int W, const void* kseed,
     const void* kgen, const void* krnd, const void* kpos, int kfmt, const u64* rec,
     const u64* vtab, const int* res_row, u64* rpart, u32* rcnt, int* accepted, int* tokens,
-    int* status) {
+    int* status, u64* rl_w, u32* rl_id, u32* rl_n) {
   __shared__ DcShared sh;
   __shared__ int is_last, snv, stile, sok;
   __shared__ dy_u128 sx;
@@ -1805,10 +1807,17 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     });
     __syncthreads();
     const int nl = (int)s_nl;
+    /* on a dense q row and the bonus row a listed token's term is its draw weight: the
+     * tile keeps up to LG_RL of them, (id, weight) in list order, for its last block */
+    const bool keep = (dense || r.bonus) && nl <= LG_RL;
+    const i64 rl = ((i64)b * nrt + tile) * LG_RL;
     for (int j = tid; j < nl; j += blockDim.x) {
       const int v = lo + lst[j];
-      s = dy_add128(s, lg_res_term_call(sr, v, lg_bits(r.row, v), false, dense, spc));
+      const dy_u128 t = lg_res_term_call(sr, v, lg_bits(r.row, v), false, dense, spc);
+      s = dy_add128(s, t);
+      if (keep) { rl_id[rl + j] = (u32)v; rl_w[2 * (rl + j)] = t.lo; rl_w[2 * (rl + j) + 1] = t.hi; }
     }
+    if (tid == 0) rl_n[(i64)b * nrt + tile] = keep ? (u32)nl : LG_RL_NONE;
   } else if (dt == 0) {  /* float32: one loop, the token's work inline */
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term(r, v, xb, pcol, dense, spc));
@@ -1818,6 +1827,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term_call(sr, v, xb, pcol, dense, spc));
     });
   }
+  if (tid == 0 && (pcol || hi - lo > LG_RTILE)) rl_n[(i64)b * nrt + tile] = LG_RL_NONE;
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
     if (!r.qcr) {
       if (tid == 0 && r.d >= lo && r.d < hi) {
@@ -1880,7 +1890,35 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   __syncthreads();
   DY_TL_MARK(0);  /* the tile drawn */
   int j = -1;
-  if (sok) {
+  /* the drawn tile's kept list (the pass's listed tokens with their weights): the token
+   * over it in ascending id, as block_draw over the tile's list below would draw it */
+  __shared__ u32 s_rln;
+  if (tid == 0) s_rln = sok ? __ldcg(&rl_n[(i64)b * nrt + stile]) : LG_RL_NONE;
+  __syncthreads();
+  const u32 rln = s_rln;
+  if (sok && rln <= LG_RL) {
+    u32* const kid = sb.bits;                 /* ids, then ranks by id */
+    dy_u128* const kw = (dy_u128*)(sb.bits + 2 * LG_RL);  /* weights in id order */
+    const i64 rl = ((i64)b * nrt + stile) * LG_RL;
+    u32 myid = 0;
+    dy_u128 myw = dy_make128(0, 0);
+    if (tid < (int)rln) {
+      myid = __ldcg(&rl_id[rl + tid]);
+      myw = dy_make128(__ldcg(&rl_w[2 * (rl + tid) + 1]), __ldcg(&rl_w[2 * (rl + tid)]));
+      kid[tid] = myid;
+    }
+    __syncthreads();
+    if (tid < (int)rln) {  /* the ids are distinct: a rank a place */
+      int rk = 0;
+      for (int a = 0; a < (int)rln; ++a) rk += kid[a] < myid;
+      kw[rk] = myw;
+      kid[LG_RL + rk] = myid;
+    }
+    __syncthreads();
+    const int a = block_draw([&](int q2) { return kw[q2]; }, (int)rln,
+                             [&](dy_u128, dy_u128*) { return false; }, sh, 0, false, sx);
+    j = a >= 0 ? (int)kid[LG_RL + a] : -1;
+  } else if (sok) {
     /* the drawn tile's logits loaded once into shared memory (every thread's loads in
      * flight together), so that the search's passes over it wait on no global load;
      * a tile longer than LG_RTILE reads them from global memory */
