@@ -291,62 +291,75 @@ DC_FN u64 lg_p_col(const LgRow& r, const LgCut& c, int v, u32 xb, const u64* sp,
   return lg_p_of(r, c, v, xb, tab);
 }
 
-/* Exclusive block scan of one u64 per thread (thread order); *total = the sum. */
-DC_FN u64 lg_scan64(u64 v, u64* total, DcShared& sh) {
+/* Exclusive block scans of N u64 per thread at once (thread order; the barriers of one
+ * scan): v[i] becomes its exclusive scan, t[i] the sum.  blockDim.x < 1024 (the warp
+ * totals are scanned in place in sh.r64 / sh.r64b, the sums left in their entry 31). */
+template <int N>
+DC_FN void lg_scan64n(u64 (&v)[N], u64 (&t)[N], DcShared& sh) {
+  static_assert(N == 1 || N == 2, "two scratch rows");
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  u64 inc = v;
+  u64* const row[2] = {sh.r64, sh.r64b};
+  u64 inc[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) inc[i] = v[i];
   for (int o = 1; o < 32; o <<= 1) {
-    const u64 t = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += t;
+    u64 x[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __shfl_up_sync(0xffffffffu, inc[i], o);
+    if (lane >= o) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) inc[i] += x[i];
+    }
   }
   __syncthreads();
-  if (lane == 31) sh.r64[wid] = inc;
+  if (lane == 31) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) row[i][wid] = inc[i];
+  }
   __syncthreads();
   if (wid == 0) {
-    const u64 w = lane < nw ? sh.r64[lane] : 0;
-    u64 wi = w;
+    u64 w[N], sc[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) sc[i] = w[i] = lane < nw ? row[i][lane] : 0;
     for (int o = 1; o < 32; o <<= 1) {
-      const u64 t = __shfl_up_sync(0xffffffffu, wi, o);
-      if (lane >= o) wi += t;
+      u64 x[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] = __shfl_up_sync(0xffffffffu, sc[i], o);
+      if (lane >= o) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) sc[i] += x[i];
+      }
     }
-    sh.r64b[lane] = wi - w;
-    if (lane == 31) sh.prefix = wi;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (lane < nw) row[i][lane] = sc[i] - w[i];
+      if (lane == 31) row[i][31] = sc[i];
+    }
   }
   __syncthreads();
-  const u64 r = sh.r64b[wid] + inc - v;
-  *total = sh.prefix;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = row[i][wid] + inc[i] - v[i];
+    t[i] = row[i][31];
+  }
   __syncthreads();
-  return r;
 }
 
-/* lg_scan64 of two u64 per thread at once (the same barriers as one): returns a's
- * exclusive scan, *eb b's; *ta, *tb the sums.  blockDim.x < 1024. */
+/* Exclusive block scan of one u64 per thread (thread order); *total = the sum. */
+DC_FN u64 lg_scan64(u64 v, u64* total, DcShared& sh) {
+  u64 a[1] = {v}, t[1];
+  lg_scan64n<1>(a, t, sh);
+  *total = t[0];
+  return a[0];
+}
+
+/* Two scans at once (the barriers of one): returns a's exclusive scan, *eb b's; *ta, *tb
+ * the sums. */
 DC_FN u64 lg_scan64x2(u64 a, u64 b, u64* ta, u64* tb, u64* eb, DcShared& sh) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  u64 ia = a, ib = b;
-  for (int o = 1; o < 32; o <<= 1) {
-    const u64 xa = __shfl_up_sync(0xffffffffu, ia, o), xb = __shfl_up_sync(0xffffffffu, ib, o);
-    if (lane >= o) { ia += xa; ib += xb; }
-  }
-  __syncthreads();
-  if (lane == 31) { sh.r64[wid] = ia; sh.r64b[wid] = ib; }
-  __syncthreads();
-  if (wid == 0) {
-    const u64 wa = lane < nw ? sh.r64[lane] : 0, wb = lane < nw ? sh.r64b[lane] : 0;
-    u64 sa = wa, sb = wb;
-    for (int o = 1; o < 32; o <<= 1) {
-      const u64 xa = __shfl_up_sync(0xffffffffu, sa, o), xb = __shfl_up_sync(0xffffffffu, sb, o);
-      if (lane >= o) { sa += xa; sb += xb; }
-    }
-    if (lane < nw) { sh.r64[lane] = sa - wa; sh.r64b[lane] = sb - wb; }
-    if (lane == 31) { sh.r64[31] = sa; sh.r64b[31] = sb; }
-  }
-  __syncthreads();
-  const u64 ra = sh.r64[wid] + ia - a;
-  *eb = sh.r64b[wid] + ib - b;
-  *ta = sh.r64[31]; *tb = sh.r64b[31];
-  __syncthreads();
-  return ra;
+  u64 x[2] = {a, b}, t[2];
+  lg_scan64n<2>(x, t, sh);
+  *ta = t[0]; *tb = t[1]; *eb = x[1];
+  return x[0];
 }
 
 /* A place in an ordered list of LG_NB (bucket) or sorted-candidate entries. */
@@ -437,6 +450,35 @@ DC_FN u32 lg_merge_bad(u32 a, u32 b) {
 #define LG_TCW (LG_TE / 2 + 1 + LG_OTH / 2)  /* u32 words of a tile's record */
 #define LG_TOVER 0xFFFFu  /* a record's n when logits_hist must read the tile */
 
+/* A record's word of two 16-bit counts from a pair of counts held as one u64 (entry 2j in
+ * the low half, 2j + 1 in the high half; a tile's counts fit 16 bits). */
+DC_FN u32 lg_rec_pair(u64 e) { return (u32)e | ((u32)(e >> 32) << 16); }
+/* A record's count of its window's entry s. */
+DC_FN u32 lg_rec_count(const u32* tr, int s) {
+  return (__ldcg(&tr[s >> 1]) >> ((s & 1) << 4)) & 0xFFFFu;
+}
+/* A record's listed token i (its bfloat16 bits). */
+DC_FN u32 lg_rec_listed(const u32* tr, u32 i) {
+  return (__ldcg(&tr[LG_TE / 2 + 1 + (i >> 1)]) >> (16 * (i & 1))) & 0xFFFFu;
+}
+
+/* A word of two bfloat16 tokens w against the value-table window of 2048 entries from
+ * binade e, base2 = (e << 7) * 0x10001: a half h is in the window iff (h & 0x7FFF) - (e <<
+ * 7) is in [0, 2048) (binade and mantissa), tested on both halves at once with each half
+ * offset by 0x8000 so that no borrow crosses it (in the window iff the half is in [0x8000,
+ * 0x8800)); the entry is then those 11 bits with the sign at bit 11 (lg_slot).  Both
+ * halves in the window: one count each into ec; otherwise other(w) takes the word. */
+template <typename F>
+DC_FN void lg_window_word(u32 w, u32 base2, u32* ec, F other) {
+  const u32 d2 = (w | 0x80008000u) - base2;
+  if ((d2 & 0xF800F800u) == 0x80008000u) {
+    atomicAdd(&ec[(d2 & 0x7FFu) | ((w >> 4) & 0x800u)], 1u);
+    atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((w >> 20) & 0x800u)], 1u);
+  } else {
+    other(w);
+  }
+}
+
 /* Whether logits_max counts the tiles of a row (logits dtype code dt, greedy) of a call
  * over `rows` rows: sampled bfloat16 rows of calls over more than LG_TABLE_ROWS rows
  * (routes.logits_counted); over fewer the count would cost logits_max more than it
@@ -510,17 +552,9 @@ DC_FN void lg_max_count_bf16(const u16* p, int lo, int hi, u64* best, u32* bad, 
         if (i < (u32)LG_OTH) ol[i] = (u16)h;
       }
     };
-    /* both halves of a word at once, each offset by 0x8000 so that no borrow crosses it:
-     * in the window iff the half is in [0x8000, 0x8800) */
     const u32 base2 = (e << 7) * 0x10001u;
     auto count = [&](u32 w) {
-      const u32 d2 = (w | 0x80008000u) - base2;
-      if ((d2 & 0xF800F800u) == 0x80008000u) {
-        atomicAdd(&ec[(d2 & 0x7FFu) | ((w >> 4) & 0x800u)], 1u);
-        atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((w >> 20) & 0x800u)], 1u);
-      } else {
-        one(w & 0xFFFFu); one(w >> 16);
-      }
+      lg_window_word(w, base2, ec, [&](u32 o) { one(o & 0xFFFFu); one(o >> 16); });
     };
     each(tid, count);
     for (int j0 = tid + LG_LOADS * (int)blockDim.x; j0 < n8; j0 += LG_LOADS * (int)blockDim.x) {
@@ -620,8 +654,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_max(
     const u32 n = !s_e0 && s_on <= (u32)LG_OTH ? s_on : LG_TOVER;
     if (n != LG_TOVER)
       for (int j = tid; j < LG_TE / 2; j += 256) {  /* at most 32768 tokens a tile */
-        const u64 e = eb[j];
-        __stcg(&tr[j], (u32)e | ((u32)(e >> 32) << 16));
+        __stcg(&tr[j], lg_rec_pair(eb[j]));
       }
     if (tid == 0) tr[LG_TE / 2] = e0t << 16 | n;
     if (n != LG_TOVER && tid < (int)(n + 1) / 2) tr[LG_TE / 2 + 1 + tid] = olw[tid];
@@ -773,19 +806,19 @@ DC_FN int lg_rank_slot(int rk) { return rk < LG_TE / 2 ? LG_TE / 2 - 1 - rk : rk
  * logits_hist's, over the row's window with nothing listed, and the count is read at once. */
 DC_FN u32 lg_tcount(const u32* tc, int t, int s, u32 e0, bool counted) {
   const u32* tr = tc + (i64)t * LG_TCW;
-  if (!counted) return (__ldcg(&tr[s >> 1]) >> ((s & 1) << 4)) & 0xFFFFu;
+  if (!counted) return lg_rec_count(tr, s);
   const u32 hdr = __ldcg(&tr[LG_TE / 2]), e0t = hdr >> 16, n = min(hdr & 0xFFFFu, (u32)LG_OTH);
   u32 c = 0;
   if (e0t != LG_NOWIN) {
     const int dt = ((s >> 7) & (LG_BIN - 1)) + (int)e0 - (int)e0t;  /* its record binade */
     if (dt >= 0 && dt < LG_BIN) {
       const int st = s + 128 * ((int)e0 - (int)e0t);
-      c = (__ldcg(&tr[st >> 1]) >> ((st & 1) << 4)) & 0xFFFFu;
+      c = lg_rec_count(tr, st);
     }
   }
   const u32 h = lg_slot_bits(s, e0) >> 16;
   for (u32 i = 0; i < n; ++i)
-    c += ((__ldcg(&tr[LG_TE / 2 + 1 + (i >> 1)]) >> (16 * (i & 1))) & 0xFFFFu) == h;
+    c += lg_rec_listed(tr, i) == h;
   return c;
 }
 
@@ -1073,7 +1106,7 @@ static __device__ __noinline__ void lg_hist_record(const LgRow& row, double zmax
     }
   }
   for (int i = threadIdx.x; i < (int)min(n, (u32)LG_OTH); i += blockDim.x) {
-    const u32 xb = (__ldcg(&tr[LG_TE / 2 + 1 + (i >> 1)]) >> (16 * (i & 1))) << 16;
+    const u32 xb = lg_rec_listed(tr, (u32)i) << 16;
     lg_hist_table_token(row, xb, ec, [&](u32 o) {
       lg_hist_other(row, zmax, o, LG_GTAB, mpw, counts, sc, sm);
     });
@@ -1201,19 +1234,11 @@ DC_FN void lg_hist_run(const void* x, int dt, const double* temp, const i64* top
       lg_hist_record(row, zmax, tr, hdr >> 16, n, mpw, counts, sc, sm, ec);
     else {  /* bfloat16 with a table, the tile read: a word of two table values counted
              * inline */
-      /* a bfloat16 h is in the table iff (h & 0x7FFF) - (e0 << 7) is in [0, 2048) (binade
-       * and mantissa); on both halves of a word at once, each half offset by 0x8000 so
-       * that no borrow crosses it: in the table iff the half is in [0x8000, 0x8800).  The
-       * entry is then those 11 bits, with the sign at bit 11 (lg_slot). */
-      const u32 base2 = (row.e0 << 7) * 0x10001u;
+      const u32 base2 = (row.e0 << 7) * 0x10001u;  /* the row's window is its table */
       lg_tile16((const u16*)row.x + row.off, lo, hi, [&](int, u32 h) {
-        const u32 d2 = (h | 0x80008000u) - base2;
-        if ((d2 & 0xF800F800u) == 0x80008000u) {
-          atomicAdd(&ec[(d2 & 0x7FFu) | ((h >> 4) & 0x800u)], 1u);
-          atomicAdd(&ec[((d2 >> 16) & 0x7FFu) | ((h >> 20) & 0x800u)], 1u);
-        } else {
-          lg_hist_word_call(row, zmax, h, mpw, counts, sc, sm, ec);
-        }
+        lg_window_word(h, base2, ec, [&](u32 o) {
+          lg_hist_word_call(row, zmax, o, mpw, counts, sc, sm, ec);
+        });
       }, [&](int, u16 h) {  /* a token outside the 16-byte aligned words */
         lg_hist_table_token(row, (u32)h << 16, ec, [&](u32 o) {
           lg_hist_other_call(row, zmax, o, tab, mpw, counts, sc, sm);
@@ -1236,8 +1261,7 @@ DC_FN void lg_hist_run(const void* x, int dt, const double* temp, const i64* top
     if (store) {
       for (int j = tid; j < LG_TE / 2; j += 256) {  /* two 16-bit counts a word (a tile
                                                       * holds at most 32768 tokens) */
-        const u64 e = eb[j];
-        tr[j] = (u32)e | ((u32)(e >> 32) << 16);
+        tr[j] = lg_rec_pair(eb[j]);
       }
       if (tid == 0) tr[LG_TE / 2] = row.e0 << 16;  /* the row's window, nothing listed */
     }
