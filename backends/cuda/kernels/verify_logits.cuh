@@ -291,6 +291,20 @@ DC_FN u64 lg_p_col(const LgRow& r, const LgCut& c, int v, u32 xb, const u64* sp,
   return lg_p_of(r, c, v, xb, tab);
 }
 
+/* Inclusive warp scans of N u64 per lane at once (lane order). */
+template <int N>
+DC_FN void lg_warp_scan64n(u64 (&x)[N], int lane) {
+  for (int o = 1; o < 32; o <<= 1) {
+    u64 y[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) y[i] = __shfl_up_sync(0xffffffffu, x[i], o);
+    if (lane >= o) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] += y[i];
+    }
+  }
+}
+
 /* Exclusive block scans of N u64 per thread at once (thread order; the barriers of one
  * scan): v[i] becomes its exclusive scan, t[i] the sum.  blockDim.x < 1024 (the warp
  * totals are scanned in place in sh.r64 / sh.r64b, the sums left in their entry 31). */
@@ -302,15 +316,7 @@ DC_FN void lg_scan64n(u64 (&v)[N], u64 (&t)[N], DcShared& sh) {
   u64 inc[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) inc[i] = v[i];
-  for (int o = 1; o < 32; o <<= 1) {
-    u64 x[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = __shfl_up_sync(0xffffffffu, inc[i], o);
-    if (lane >= o) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) inc[i] += x[i];
-    }
-  }
+  lg_warp_scan64n(inc, lane);
   __syncthreads();
   if (lane == 31) {
 #pragma unroll
@@ -321,15 +327,7 @@ DC_FN void lg_scan64n(u64 (&v)[N], u64 (&t)[N], DcShared& sh) {
     u64 w[N], sc[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) sc[i] = w[i] = lane < nw ? row[i][lane] : 0;
-    for (int o = 1; o < 32; o <<= 1) {
-      u64 x[N];
-#pragma unroll
-      for (int i = 0; i < N; ++i) x[i] = __shfl_up_sync(0xffffffffu, sc[i], o);
-      if (lane >= o) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) sc[i] += x[i];
-      }
-    }
+    lg_warp_scan64n(sc, lane);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       if (lane < nw) row[i][lane] = sc[i] - w[i];
