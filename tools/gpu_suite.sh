@@ -5,7 +5,8 @@
 # shard, ab, kab, timeline and ncu run only when named):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
-#           ids, streams, graph capture) and the host-side tests that touch the device path
+#           ids, streams, graph capture) and the host-side tests that touch the device path,
+#           in CUDA_JOBS (3) pytest processes side by side
 #   numba   the numba parity tests
 #   integrations  tests/integrations on the GPU (cuda / numba vs cpu with CUDA models;
 #           the tiny models train there once, cached under /tmp/dyadic-model-cache)
@@ -65,19 +66,39 @@ PY
   fi
   if has cuda; then stamp "cuda parity"
   python3 -c "from dyadic.backends.cuda.cupy import runtime; print('launch mode:', runtime.launch_mode())" 2>&1 | tail -2
-  timeout ${CUDA_T:-480} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-      tests/gpu/test_gpu_parity.py tests/gpu/test_gpu_topk_small_k.py \
-      tests/gpu/test_gpu_topk_16bit_logits.py tests/gpu/test_gpu_verify_lazy.py \
-      tests/gpu/test_gpu_verify_one_launch.py tests/gpu/test_gpu_dense_alloc.py \
-      tests/gpu/test_gpu_streams.py tests/gpu/test_gpu_bench_timing.py \
-      tests/gpu/test_gpu_large_batch.py tests/gpu/test_launch_pack.py \
-      tests/gpu/test_cuda_routes.py tests/gpu/test_device_host_tensor.py \
-      tests/gpu/test_gpu_ragged.py tests/gpu/test_gpu_logits_unavailable.py \
-      tests/gpu/test_gpu_verify_logits.py tests/gpu/test_gpu_filtered_alloc.py \
-      tests/bench/test_gpu_cases.py tests/cpu/test_fail_closed_rows.py \
-      tests/cpu/test_memory_safety.py tests/cpu/test_dyadic_ownership.py \
-      tests/cpu/test_trusted_results.py tests/cpu/test_import_light.py 2>&1 | tail -${TAIL:-40}
-  echo "cuda parity exit: $?"
+  files=(tests/gpu/test_gpu_parity.py tests/gpu/test_gpu_topk_small_k.py
+      tests/gpu/test_gpu_topk_16bit_logits.py tests/gpu/test_gpu_verify_lazy.py
+      tests/gpu/test_gpu_verify_one_launch.py tests/gpu/test_gpu_dense_alloc.py
+      tests/gpu/test_gpu_streams.py tests/gpu/test_gpu_bench_timing.py
+      tests/gpu/test_gpu_large_batch.py tests/gpu/test_launch_pack.py
+      tests/gpu/test_cuda_routes.py tests/gpu/test_device_host_tensor.py
+      tests/gpu/test_gpu_ragged.py tests/gpu/test_gpu_logits_unavailable.py
+      tests/gpu/test_gpu_verify_logits.py tests/gpu/test_gpu_filtered_alloc.py
+      tests/bench/test_gpu_cases.py tests/cpu/test_fail_closed_rows.py
+      tests/cpu/test_memory_safety.py tests/cpu/test_dyadic_ownership.py
+      tests/cpu/test_trusted_results.py tests/cpu/test_import_light.py)
+  # CUDA_JOBS pytest processes side by side on the one GPU, file i in process i mod
+  # CUDA_JOBS (correctness tests only: no stage times anything while they run)
+  jobs=${CUDA_JOBS:-3}
+  parts=$(mktemp -d)
+  for ((i = 0; i < jobs; i++)); do
+    part=()
+    for ((j = i; j < ${#files[@]}; j += jobs)); do part+=("${files[j]}"); done
+    [ ${#part[@]} -eq 0 ] && continue
+    echo "${part[*]}" > "$parts/$i.files"
+    ( timeout ${CUDA_T:-480} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
+        "${part[@]}" > "$parts/$i.log" 2>&1; echo $? > "$parts/$i.rc" ) &
+  done
+  wait
+  rc=0
+  for f in "$parts"/*.files; do
+    i=$(basename "$f" .files)
+    echo "-- cuda part $i: $(cat "$f")"
+    tail -${TAIL:-40} "$parts/$i.log"
+    [ "$(cat "$parts/$i.rc")" != 0 ] && rc=$(cat "$parts/$i.rc")
+  done
+  rm -rf "$parts"
+  echo "cuda parity exit: $rc"
   fi
   if has numba; then stamp "numba parity"
   timeout ${NUMBA_T:-90} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
