@@ -148,8 +148,13 @@ PY
   fi
   if has ab; then stamp "A/B: ${AB_OLD:?AB_OLD: the old source tree} vs this tree"
   rm -rf /tmp/ab && mkdir -p /tmp/ab "$OUT/ab"
-  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/ab/old "$AB_OLD" 2>&1 | tail -2
-  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/ab/new . 2>&1 | tail -2
+  for side in old new; do  # the two installs side by side
+    src=$AB_OLD; [ $side = new ] && src=.
+    python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/ab/$side "$src" \
+        > /tmp/ab/$side.install 2>&1 &
+  done
+  wait
+  tail -n 2 /tmp/ab/old.install /tmp/ab/new.install
   files=""
   for i in $(seq ${AB_RUNS:-2}); do
     for side in old new; do
