@@ -9,7 +9,8 @@
  * verify_lazy's).  With num_drafts (nd) request b uses rows 0..n and drafts 0..n-1,
  * n = nd[b] (checked first: outside [0, k] the request fails closed with
  * NUM_DRAFTS_INVALID before anything else is read); the blocks of its rows beyond n
- * read nothing and only arrive at the request's counter; row n is its bonus row.  The last of the 1 + (k+1) nt blocks (dc_elect_last) reads the
+ * read nothing and only arrive at the request's counter; row n is its bonus row.
+ * The last of the 1 + (k+1) nt blocks (dc_elect_last) reads the
  * tests back (when it is not block 0) and validates as verify_chain's chain
  * (vchain_body): every row i = 0..n in order (TARGET_INVALID_VALUE, then
  * TARGET_SUM), then the drafts (lz_tests' request code: a draft id outside [0, V),
