@@ -2,7 +2,7 @@
 # The GPU parity suites and the GPU benchmark in one command (run on the GPU machine).
 #   tools/gpu_suite.sh                  logs to $OUT/log.txt (default OUT=./gpu-out)
 # STAGES picks the stages, in this order (default: build cuda numba integrations fuzz bench;
-# shard, ab, kab, timeline and ncu run only when named):
+# trees, shard, ab, kab, timeline and ncu run only when named):
 #   build   pip install -e . (the Cython backend)
 #   cuda    the cuda parity tests (cuda == cpu bit for bit, lazy, large batches, hostile
 #           ids, streams, graph capture) and the host-side tests that touch the device path,
@@ -12,6 +12,9 @@
 #           the tiny models train there once, cached under /tmp/dyadic-model-cache)
 #   fuzz    python -m dyadic.fuzz --backends cpu,cuda,numba --cases $FUZZ_CASES (400), then
 #           the verify_logits and propose_filtered primitives on cpu,cuda
+#   trees   other source trees in $TREES (e.g. `git archive` of experiment branches), each
+#           installed into its own folder, tested side by side: pytest on $TREES_TESTS and
+#           the fuzz of $TREES_FUZZ on cpu,cuda, a process per tree
 #   shard   the sharded (dyadic.distributed) device path: the CUDA shard kernels against
 #           the CPU's (tests/gpu/test_gpu_shard_kernels.py), then gloo ranks on one GPU
 #           with CUDA shards against the unsharded cpu / cuda calls and the host shards
@@ -124,6 +127,34 @@ PY
   timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives propose_filtered --backends cpu,cuda \
       --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} --out "$OUT/fuzz-filtered" 2>&1 | tail -6
   echo "fuzz propose_filtered exit: $?"
+  fi
+  if has trees; then stamp "trees: ${TREES:?TREES: source trees to test}"
+  # each source tree (e.g. `git archive BRANCH` unpacked into a folder that travels with the
+  # call) installed into its own folder, all side by side, then in a process per tree at
+  # once: pytest on $TREES_TESTS from a copy of the tree's tests, and its fuzz of
+  # $TREES_FUZZ on cpu,cuda (correctness only: no stage times anything while they run)
+  rm -rf /tmp/trees && mkdir -p /tmp/trees
+  for t in $TREES; do
+    n=$(basename "$t")
+    ( python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/trees/$n "$t" \
+          > /tmp/trees/$n.install 2>&1 || echo "install failed" >> /tmp/trees/$n.install
+      mkdir -p /tmp/trees/$n-run && cp -r "$t/tests" "$t/pyproject.toml" /tmp/trees/$n-run/ ) &
+  done
+  wait
+  for t in $TREES; do
+    n=$(basename "$t")
+    ( cd /tmp/trees/$n-run && export PYTHONPATH=/tmp/trees/$n
+      timeout ${TREES_T:-420} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
+          ${TREES_TESTS:-tests/gpu/test_gpu_verify_logits.py tests/gpu/test_gpu_filtered_alloc.py tests/gpu/test_cuda_routes.py} 2>&1 | tail -${TAIL:-8}
+      echo "pytest exit: $?"
+      timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives ${TREES_FUZZ:-verify,verify_logits} \
+          --backends cpu,cuda --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} 2>&1 | tail -2
+      echo "fuzz exit: $?" ) > /tmp/trees/$n.log 2>&1 &
+  done
+  wait
+  for t in $TREES; do
+    n=$(basename "$t"); echo "-- tree $n"; tail -2 /tmp/trees/$n.install; cat /tmp/trees/$n.log
+  done
   fi
   if has shard; then stamp "shard kernels (cuda vs cpu)"
   timeout ${SHARD_T:-240} python3 -m pytest -q -rs -x -p no:cacheprovider \
