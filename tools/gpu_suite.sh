@@ -52,6 +52,11 @@ export PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
 T0=$(date +%s)
 stamp() { echo "== $1 (t=$(( $(date +%s) - T0 ))s)"; }
+# the source tree $2 installed into folder $1 (not editable: a tree of its own), pip's
+# output in $1.install
+install_into() {
+  python3 -m pip install -q --no-deps --no-build-isolation --target "$1" "$2" > "$1.install" 2>&1
+}
 {
   stamp "probe $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1
@@ -136,8 +141,7 @@ PY
   rm -rf /tmp/trees && mkdir -p /tmp/trees
   for t in $TREES; do
     n=$(basename "$t")
-    ( python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/trees/$n "$t" \
-          > /tmp/trees/$n.install 2>&1 || echo "install failed" >> /tmp/trees/$n.install
+    ( install_into /tmp/trees/$n "$t" || echo "install failed" >> /tmp/trees/$n.install
       mkdir -p /tmp/trees/$n-run && cp -r "$t/tests" "$t/pyproject.toml" /tmp/trees/$n-run/ ) &
   done
   wait
@@ -179,11 +183,8 @@ PY
   fi
   if has ab; then stamp "A/B: ${AB_OLD:?AB_OLD: the old source tree} vs this tree"
   rm -rf /tmp/ab && mkdir -p /tmp/ab "$OUT/ab"
-  for side in old new; do  # the two installs side by side
-    src=$AB_OLD; [ $side = new ] && src=.
-    python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/ab/$side "$src" \
-        > /tmp/ab/$side.install 2>&1 &
-  done
+  install_into /tmp/ab/old "$AB_OLD" &  # the two installs side by side
+  install_into /tmp/ab/new . &
   wait
   tail -n 2 /tmp/ab/old.install /tmp/ab/new.install
   files=""
