@@ -100,10 +100,8 @@ class CupyBackend(Backend):
             target, q_counts, *keys, ins, outs)
         t, d, qc, qi = p_in[:4]
         g = p_in[4] if greedy is not None else A.NULL  # no flags: the plan's zero flags
-        ragged = num_drafts is not None
-        nd = A.num_drafts(call, num_drafts, batch) if ragged else A.NULL
-        plan = plans.verify_plan(runtime.device_id(), batch, k + 1, v, w, route_greedy, lazy,
-                                 ragged)
+        nd = A.num_drafts(call, num_drafts, batch) if num_drafts is not None else A.NULL
+        plan = plans.verify_plan(runtime.device_id(), batch, k + 1, v, w, route_greedy, lazy)
         plan.launch(t, d, qc, qi, g, kptrs, kfmt, a, tk, st, nd)
         if call.back:  # NumPy outputs to copy back
             call.finish()
@@ -217,7 +215,7 @@ class CupyBackend(Backend):
             raise ValueError(f"draft: backend 'cuda' verifies at most {A.MAX_K_VERIFY} draft "
                              f"tokens per request, got k={k1 - 1}")
         launch = plans.verify_plan(runtime.device_id(), batch, k1, v, width, greedy,
-                                   lazy, ragged).launch
+                                   lazy).launch
         keys_of = A.keys
 
         def run(t, d, qc, qi, g, keys, a, tk, st, nd=None):

@@ -507,13 +507,13 @@ _VERIFY_KINDS = {"lazy": LazyVerify, "one_launch": OneLaunchVerify,
                  "two_launch": TwoLaunchVerify}
 
 
-def verify_plan(dev, batch, k1, v, w, greedy, lazy, ragged=False):
-    """The plan of a verify call (``greedy``: greedy flags given; ``lazy``: check="lazy";
-    ``ragged``: num_drafts given)."""
-    key = ("verify", dev, batch, k1, v, w, greedy, lazy, ragged)
+def verify_plan(dev, batch, k1, v, w, greedy, lazy):
+    """The plan of a verify call (``greedy``: greedy flags given; ``lazy``: check="lazy");
+    num_drafts, when given, is a launch argument of the same plan."""
+    key = ("verify", dev, batch, k1, v, w, greedy, lazy)
     plan = PLANS.get(key)
     if plan is None:
         nsm = runtime.num_sms()
-        route = routes.verify_route(batch, k1, v, nsm, greedy, lazy, ragged)
+        route = routes.verify_route(batch, k1, v, nsm, greedy, lazy)
         plan = get(key, _VERIFY_KINDS[route], batch, k1, v, w, nsm, greedy)
     return plan

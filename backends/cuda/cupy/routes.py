@@ -191,11 +191,11 @@ def dense_tile(v, batch, nsm):
 
 
 # --- verify ----------------------------------------------------------------------------
-def verify_route(batch, k1, v, nsm, greedy, lazy, ragged=False):
+def verify_route(batch, k1, v, nsm, greedy, lazy):
     """The verify kernels of a call: "lazy" (verify_lazy / _r64), "one_launch" or
-    "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given;
-    ``ragged``: num_drafts given (every route reads it and skips the rows beyond a
-    request's count; the route does not depend on it)."""
+    "two_launch" (verify_chain + verify_residual).  ``greedy``: greedy flags given.
+    num_drafts does not enter: every route reads it and skips the rows beyond a
+    request's count."""
     if greedy:
         return "two_launch"
     if lazy and v <= LAZY_MAX_V:
@@ -292,7 +292,7 @@ def kernel_names(primitive, **shape):
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
     min_p / a per-row top_k: only a dense support's kernels differ) and bf16 (bfloat16
     logits, with filtered) for allocate / propose; k1, greedy, lazy, ragged (num_drafts
-    given), logits (a logits target), bf16 (a bfloat16 target, with logits) and top_k
+    given: the same kernels as without), logits (a logits target), bf16 (a bfloat16 target, with logits) and top_k
     (with logits: a top_k given, default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
@@ -320,7 +320,7 @@ def kernel_names(primitive, **shape):
         return logits_rows_kernels(b * shape["k1"], shape.get("bf16", False)) + resolve + (
             "logits_chain", "logits_residual")
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
-                         shape.get("lazy", False), shape.get("ragged", False))
+                         shape.get("lazy", False))
     if route == "lazy":
         return (lazy_kernel(-(-v // lazy_tile(v, b, nsm)), b, nsm),)
     if route == "one_launch":

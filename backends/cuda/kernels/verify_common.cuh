@@ -12,6 +12,13 @@ DC_FN int vr_depth(const int* nd, int b, int k) {
   return (n >= 0 && n <= k) ? n : -1;
 }
 
+/* Request b failed closed for a count outside [0, k] (depth -1): NUM_DRAFTS_INVALID,
+ * nothing accepted, its k + 1 tokens -1.  One thread. */
+DC_FN void vr_fail_depth(int b, int k, int* accepted, int* tokens, int* status) {
+  for (int i = 0; i <= k; ++i) tokens[(i64)b * (k + 1) + i] = -1;
+  accepted[b] = 0; status[b] = DY_ST_NUM_DRAFTS_INVALID;
+}
+
 /* ------------------------------------------------------------------------
  * The acceptance chain of a request's last block (verify_chain,
  * verify_one_launch), every thread of the block: warp 0 sums request b's tile records (row
@@ -36,11 +43,7 @@ DC_FN void vchain_body(const int b,
   int* tok = tokens + (i64)b * (k + 1);
   const i64 qrow = (i64)b * k;
   if (n < 0) {  /* block-uniform */
-    if (tid == 0) {
-      res_row[b] = -1;
-      status[b] = DY_ST_NUM_DRAFTS_INVALID; accepted[b] = 0;
-      for (int i = 0; i <= k; ++i) tok[i] = -1;
-    }
+    if (tid == 0) { res_row[b] = -1; vr_fail_depth(b, k, accepted, tokens, status); }
     return;
   }
   if (wid == 0) {

@@ -474,16 +474,14 @@ DC_FN void vf_kernel(
   if (b >= nrows) return;
   const int k1 = k + 1, nch = (V + VF_CH - 1) / VF_CH;
   /* the request's draft count (num_drafts, bounds-checked before anything is read with it;
-   * outside [0, k] the request fails closed with NUM_DRAFTS_INVALID) */
-  const int nraw = nd ? __ldg(&nd[b]) : k;
-  if (nraw < 0 || nraw > k) {
-    if (dc_elect_last(&cnt[b], (u32)nt, &s.z.is_last) && tid == 0) {
-      for (int q = 0; q <= k; ++q) tokens[(i64)b * k1 + q] = -1;
-      accepted[b] = 0; status[b] = DY_ST_NUM_DRAFTS_INVALID;
-    }
+   * outside [0, k] the request fails closed with NUM_DRAFTS_INVALID: vr_depth's rule, the
+   * count read through the read-only cache) */
+  const int n = nd ? __ldg(&nd[b]) : k;
+  if (n < 0 || n > k) {
+    if (dc_elect_last(&cnt[b], (u32)nt, &s.z.is_last) && tid == 0)
+      vr_fail_depth(b, k, accepted, tokens, status);
     return;
   }
-  const int n = nraw;
   VF_PROF_START();
   VF_STAMP(tile == 0, 0);
   DcKey key; key.seed = 0; key.gen = key.rnd = key.pos = 0;

@@ -1814,6 +1814,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   const bool dense = !r.bonus && r.qcr && !r.qir;
   if (pcol) lg_load_pcol(r.row, r.c, spc);
   dy_u128 s = dy_make128(0, 0);
+  if (tid == 0) rl_n[(i64)b * nrt + tile] = LG_RL_NONE;  /* no kept list, unless below */
   /* a token below r.low has P = 0: no residual, no bonus mass */
   if (!pcol && hi - lo <= LG_RTILE) {
     /* a cut row: the tokens at or above r.low (few, scattered over the tile) are listed
@@ -1839,7 +1840,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
       s = dy_add128(s, t);
       if (keep) { rl_id[rl + j] = (u32)v; rl_w[2 * (rl + j)] = t.lo; rl_w[2 * (rl + j) + 1] = t.hi; }
     }
-    if (tid == 0) rl_n[(i64)b * nrt + tile] = keep ? (u32)nl : LG_RL_NONE;
+    if (tid == 0 && keep) rl_n[(i64)b * nrt + tile] = (u32)nl;
   } else if (dt == 0) {  /* float32: one loop, the token's work inline */
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term(r, v, xb, pcol, dense, spc));
@@ -1849,7 +1850,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term_call(sr, v, xb, pcol, dense, spc));
     });
   }
-  if (tid == 0 && (pcol || hi - lo > LG_RTILE)) rl_n[(i64)b * nrt + tile] = LG_RL_NONE;
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
     if (!r.qcr) {
       if (tid == 0 && r.d >= lo && r.d < hi) {
