@@ -14,7 +14,8 @@
 #           the verify_logits and propose_filtered primitives on cpu,cuda
 #   trees   other source trees in $TREES (e.g. `git archive` of experiment branches), each
 #           installed into its own folder, tested side by side: pytest on $TREES_TESTS and
-#           the fuzz of $TREES_FUZZ on cpu,cuda, a process per tree
+#           the fuzz of $TREES_FUZZ on cpu,cuda, each in a process of its own (set empty:
+#           left out)
 #   shard   the sharded (dyadic.distributed) device path: the CUDA shard kernels against
 #           the CPU's (tests/gpu/test_gpu_shard_kernels.py), then gloo ranks on one GPU
 #           with CUDA shards against the unsharded cpu / cuda calls and the host shards
@@ -27,7 +28,9 @@
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
 #           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
 #           dyadic/bench/gpu.py per side (each pinned to CPU core $AB_CPU where set), then
-#           python -m dyadic.bench compare
+#           python -m dyadic.bench compare; then, where AB_TESTS (pytest files) or AB_FUZZ
+#           (fuzz primitives) are given, those on this tree's install (its kernels compiled by
+#           the timed runs), side by side: one call measures and tests a tree
 #   kab     python -m dyadic.bench kernel-ab $KAB_OLD: the kernels of the source tree KAB_OLD
 #           against this tree's, alternating in one process under this tree's plans
 #           (KAB_ROUNDS rounds of KAB_REPS profiled invocations; CASES and BATCH as bench)
@@ -56,6 +59,25 @@ stamp() { echo "== $1 (t=$(( $(date +%s) - T0 ))s)"; }
 # output in $1.install
 install_into() {
   python3 -m pip install -q --no-deps --no-build-isolation --target "$1" "$2" > "$1.install" 2>&1
+}
+# the install in folder $1 of the source tree $2 tested, its output to stdout: pytest on the
+# files $3 from a copy of the tree's tests (none: no pytest) and the fuzz of the primitives
+# $4 on cpu,cuda (none: no fuzz), side by side, each in a process of its own
+test_install() {
+  rm -rf "$1-run" && mkdir -p "$1-run" && cp -r "$2/tests" "$2/pyproject.toml" "$1-run/"
+  ( cd "$1-run" && export PYTHONPATH="$1"
+    if [ -n "$3" ]; then
+      ( timeout ${TREES_T:-420} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \
+            -p no:cacheprovider $3 2>&1 | tail -${TAIL:-8}
+        echo "pytest exit: $?" ) > "$1.pytest" &
+    fi
+    if [ -n "$4" ]; then
+      ( timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives $4 --backends cpu,cuda \
+            --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} 2>&1 | tail -2
+        echo "fuzz exit: $?" ) > "$1.fuzz" &
+    fi
+    wait
+    cat "$1.pytest" "$1.fuzz" 2>/dev/null )
 }
 {
   stamp "probe $(date -u +%FT%TZ)"
@@ -135,25 +157,20 @@ PY
   fi
   if has trees; then stamp "trees: ${TREES:?TREES: source trees to test}"
   # each source tree (e.g. `git archive BRANCH` unpacked into a folder that travels with the
-  # call) installed into its own folder, all side by side, then in a process per tree at
-  # once: pytest on $TREES_TESTS from a copy of the tree's tests, and its fuzz of
+  # call) installed into its own folder, all side by side, then every tree at once
+  # (test_install): pytest on $TREES_TESTS from a copy of the tree's tests, and its fuzz of
   # $TREES_FUZZ on cpu,cuda (correctness only: no stage times anything while they run)
   rm -rf /tmp/trees && mkdir -p /tmp/trees
   for t in $TREES; do
     n=$(basename "$t")
-    ( install_into /tmp/trees/$n "$t" || echo "install failed" >> /tmp/trees/$n.install
-      mkdir -p /tmp/trees/$n-run && cp -r "$t/tests" "$t/pyproject.toml" /tmp/trees/$n-run/ ) &
+    ( install_into /tmp/trees/$n "$t" || echo "install failed" >> /tmp/trees/$n.install ) &
   done
   wait
   for t in $TREES; do
     n=$(basename "$t")
-    ( cd /tmp/trees/$n-run && export PYTHONPATH=/tmp/trees/$n
-      timeout ${TREES_T:-420} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} -p no:cacheprovider \
-          ${TREES_TESTS:-tests/gpu/test_gpu_verify_logits.py tests/gpu/test_gpu_filtered_alloc.py tests/gpu/test_cuda_routes.py} 2>&1 | tail -${TAIL:-8}
-      echo "pytest exit: $?"
-      timeout ${FUZZ_T:-150} python3 -m dyadic.fuzz --primitives ${TREES_FUZZ:-verify,verify_logits} \
-          --backends cpu,cuda --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-7} 2>&1 | tail -2
-      echo "fuzz exit: $?" ) > /tmp/trees/$n.log 2>&1 &
+    test_install /tmp/trees/$n "$t" \
+        "${TREES_TESTS-tests/gpu/test_gpu_verify_logits.py tests/gpu/test_gpu_filtered_alloc.py tests/gpu/test_cuda_routes.py}" \
+        "${TREES_FUZZ-verify,verify_logits}" > /tmp/trees/$n.log 2>&1 &
   done
   wait
   for t in $TREES; do
@@ -200,6 +217,10 @@ PY
     done
   done
   python3 -m dyadic.bench compare $files --tolerance ${AB_TOL:-0.05} 2>&1 | tee "$OUT/ab-compare.md"
+  if [ -n "${AB_TESTS:-}${AB_FUZZ:-}" ]; then stamp "A/B: this tree's tests and fuzz"
+  # after the timed runs, from the same install (its kernels already compiled)
+  test_install /tmp/ab/new . "${AB_TESTS:-}" "${AB_FUZZ:-}"
+  fi
   fi
   if has kab; then stamp "kernel A/B: ${KAB_OLD:?KAB_OLD: the old source tree} vs this tree"
   timeout ${KAB_T:-300} python3 -m dyadic.bench kernel-ab "$KAB_OLD" --batch ${BATCH:-1,4,16,64} \
