@@ -207,17 +207,17 @@ class Dense:
             go(x, bias, temp, kptrs, kfmt, tokens, counts, ids, status, vec, cvec, 0, 0, 0, stream)
 
 
-LG_TE = 4096  # value-table entries of a row (verify_logits.cuh)
+LG_TE = 4096  # value-table entries of a row (logits_common.cuh)
 LG_TABW = LG_TE * 18 // 8  # u64 words of a row's value table: W, key (u64), bucket (u16)
 LG_TCW = LG_TE // 2 + 1 + 31  # u32 words of a tile's record: counts, header, LG_OTH = 62 tokens
-LG_RL = 128  # listed tokens a residual tile keeps with their weights (verify_logits.cuh)
+LG_RL = 128  # listed tokens a residual tile keeps with their weights (logits_common.cuh)
 
 
 def _logits_rows_bufs(rows, nt, x_code):
     """The scratch of logits_max / logits_hist / logits_resolve over ``rows`` rows of
     ``nt`` tiles (shared by name with every plan that runs them): part_key, part_id,
     part_bad, rec, cnt, hcnt, hmass, cand_key, cand_id, cand_n, vtab, tcnt."""
-    nb = cap = 2048  # LG_NB, LG_CAP of verify_logits.cuh
+    nb = cap = 2048  # LG_NB, LG_CAP of logits_common.cuh
     # bfloat16 logits only: the rows' value tables (LG_TABW words a row) and their tiles'
     # records, counts per value (LG_TCW words a tile)
     bf16 = int(x_code) == 2

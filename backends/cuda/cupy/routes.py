@@ -97,7 +97,7 @@ RESIDUAL_MAX_TILE = 8192
 #: verify(logits=True) and the filtered dense allocate / propose over bfloat16 logits: over
 #: at most LOGITS_TABLE_ROWS rows the rows' value tables are filled by ``logits_table``
 #: (an entry a thread, over every SM), over more by logits_max's tails (each table on one
-#: SM, the tails overlapping the other rows' passes).  LG_TABLE_ROWS of verify_logits.cuh.
+#: SM, the tails overlapping the other rows' passes).  LG_TABLE_ROWS of logits_common.cuh.
 LOGITS_TABLE_ROWS = 128
 LOGITS_MAX_TILE = 32768  # < 65536: logits_hist stores a tile's counts per value in 16 bits
 LOGITS_FEW_ROWS = 8
@@ -260,7 +260,7 @@ LOGITS_HIST_PER_SM = 4
 
 def logits_counted(rows, bf16):
     """Whether logits_max counts the tiles of a call over ``rows`` rows of logits (bf16:
-    bfloat16, the only ones counted); lg_counted of verify_logits.cuh."""
+    bfloat16, the only ones counted); lg_counted of logits_max.cuh."""
     return bool(bf16) and rows > LOGITS_TABLE_ROWS
 
 

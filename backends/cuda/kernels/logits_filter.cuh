@@ -4,7 +4,7 @@
  * The kept set of a row is that of a target row of verify(logits=True) with the
  * same parameters, so the call runs, over its B rows as B requests of depth 0:
  *
- *  logits_max, logits_hist, logits_resolve (verify_logits.cuh): each row's record
+ *  logits_max, logits_hist, logits_resolve (logits_*.cuh): each row's record
  *                 (status, zmax, min-p threshold, cuts);
  *  filter_mask    grid (tiles, B): xm, the row with every token off the kept set
  *                 (P_v = 0) replaced by -inf; a greedy row (T = 0, propose) or a row

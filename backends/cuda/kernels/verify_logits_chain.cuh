@@ -1,0 +1,88 @@
+/* logits_chain of verify(..., logits=True) (the pipeline and its records:
+ * logits_common.cuh).  One block per request: in the CPU backend's order (dy_verify_logits_row_host)
+ * num_drafts, the parameters, every target row 0..n (TARGET_INVALID_VALUE,
+ * TARGET_ZERO_MASS), the draft ids and q rows (dc_draft_check), q(d) > 0; then the
+ * acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).  The records and the
+ * drafts are read by a thread each, and each position's acceptance (a pure function of
+ * its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its own once the
+ * request passed every check; thread 0 then walks the chain to its first rejection (or
+ * failing draw), as the sequential chain does.  The residual / bonus row goes to
+ * logits_residual (res_row, -1 when none). */
+extern "C" __global__ void __launch_bounds__(256) logits_chain(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,
+    const int* draft, const u32* qc, const int* qi, int W, const void* kseed, const void* kgen,
+    const void* krnd, const void* kpos, int kfmt, const u64* rec, const u64* vtab,
+    int* res_row, int* accepted, int* tokens, int* status) {
+  __shared__ u32 cq[64], idbits[8];
+  __shared__ int rst[65], acode[64], aok[64], s_code;
+  const int b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (b >= B) return;
+  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  int* tok = tokens + (i64)b * (k + 1);
+  const i64 qrow = (i64)b * k;
+  const int n = q.n;
+  const u64* rb = rec + (i64)b * (k + 1) * LG_REC;
+  {
+    u32 f = 0;
+    for (int i = wid; !q.code && i < n; i += 8) {
+      u32 c;
+      f |= dc_draft_check(draft[qrow + i], qc, qi, W, V, qrow + i, &c);
+      if (lane == 0) cq[i] = c;
+    }
+    if (lane == 0) idbits[wid] = f;
+    for (int i = tid; !q.code && i <= n; i += blockDim.x) rst[i] = (int)rb[(i64)i * LG_REC + LG_ST];
+  }
+  __syncthreads();
+  if (tid == 0) {
+    res_row[b] = -1;
+    int code = q.code;
+    for (int i = 0; i <= n && !code; ++i) code = rst[i];
+    u32 ids = 0;
+    for (int w = 0; w < 8; ++w) ids |= idbits[w];
+    if (!code && (ids & 2u)) code = DY_ST_DRAFT_OUT_OF_RANGE;
+    if (!code && !q.greedy && (ids & 1u)) code = DY_ST_Q_INVALID;
+    for (int i = 0; i < n && !code && !q.greedy; ++i)
+      if (cq[i] == 0) code = DY_ST_Q_ZERO_AT_DRAFT;
+    for (int i = 0; i <= k; ++i) tok[i] = -1;
+    accepted[b] = 0;
+    if (code) status[b] = code;
+    s_code = code;
+  }
+  __syncthreads();
+  if (s_code) return;  /* block-uniform: nothing is read at a draft id */
+  if (tid < n) {  /* position tid's acceptance: every draft id is in [0, V) */
+    const int i = tid;
+    const u64* rc = rb + (i64)i * LG_REC;
+    const int d = draft[qrow + i];
+    int ok = 0, c = DY_ST_OK;
+    if (q.greedy) ok = d == (int)rc[LG_ARG];
+    else {
+      const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+      const i64 r = (i64)b * (k + 1) + i;
+      const LgRow row = {x, dt, r * V, q.temp, 0, vtab + r * LG_TABW, (u32)rc[LG_WIN]};
+      c = dy_accept(lg_p(row, lg_cut_of(rc), d), rc[LG_T], cq[i], key.seed, key.gen,
+                    key.rnd, key.pos + i, &ok);
+    }
+    acode[i] = c; aok[i] = ok;
+  }
+  __syncthreads();
+  if (tid != 0) return;
+  for (int i = 0; i < n; ++i) {
+    if (acode[i]) {
+      for (int a = 0; a <= k; ++a) tok[a] = -1;
+      accepted[b] = 0; status[b] = acode[i];
+      return;
+    }
+    if (aok[i]) { tok[i] = draft[qrow + i]; continue; }
+    accepted[b] = i;
+    if (q.greedy) tok[i] = (int)rb[(i64)i * LG_REC + LG_ARG];
+    else res_row[b] = i;
+    status[b] = DY_ST_OK;
+    return;
+  }
+  accepted[b] = n;
+  if (q.greedy) tok[n] = (int)rb[(i64)n * LG_REC + LG_ARG];
+  else res_row[b] = n;
+  status[b] = DY_ST_OK;
+}
