@@ -1,13 +1,13 @@
 /* logits_chain of verify(..., logits=True) (the pipeline and its records:
- * logits_common.cuh).  One block per request: in the CPU backend's order (dy_verify_logits_row_host)
- * num_drafts, the parameters, every target row 0..n (TARGET_INVALID_VALUE,
- * TARGET_ZERO_MASS), the draft ids and q rows (dc_draft_check), q(d) > 0; then the
- * acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).  The records and the
- * drafts are read by a thread each, and each position's acceptance (a pure function of
- * its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its own once the
- * request passed every check; thread 0 then walks the chain to its first rejection (or
- * failing draw), as the sequential chain does.  The residual / bonus row goes to
- * logits_residual (res_row, -1 when none). */
+ * logits_common.cuh).  One block per request: in the CPU backend's order
+ * (dy_verify_logits_row_host) num_drafts, the parameters, every target row 0..n
+ * (TARGET_INVALID_VALUE, TARGET_ZERO_MASS), the draft ids and q rows (dc_draft_check),
+ * q(d) > 0; then the acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).
+ * The records and the drafts are read by a thread each, and each position's acceptance
+ * (a pure function of its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its
+ * own once the request passed every check; thread 0 then walks the chain to its first
+ * rejection (or failing draw), as the sequential chain does.  The residual / bonus row
+ * goes to logits_residual (res_row, -1 when none). */
 extern "C" __global__ void __launch_bounds__(256) logits_chain(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,

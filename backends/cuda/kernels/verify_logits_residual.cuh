@@ -1,9 +1,9 @@
 /* logits_residual of verify(..., logits=True) (the pipeline and its records:
- * logits_common.cuh).  R_v = dy_residual(P_v, q_v, T) of the rejected row (the bonus row: P_v), P_v from
- * the logits.  Tile sums in 128 bits (sparse q / point mass: every P_v, then the
- * support entries of the tile corrected); the request's last block draws X below
- * the total (domain CORRECTION at the row's position), the tile holding X, then the
- * token in it, with the tile's logits held in shared memory. */
+ * logits_common.cuh).  R_v = dy_residual(P_v, q_v, T) of the rejected row (the bonus row:
+ * P_v), P_v from the logits.  Tile sums in 128 bits (sparse q / point mass: every P_v,
+ * then the support entries of the tile corrected); the request's last block draws X
+ * below the total (domain CORRECTION at the row's position), the tile holding X, then
+ * the token in it, with the tile's logits held in shared memory. */
 struct LgRes { LgRow row; LgCut c; const u32* qcr; const int* qir; int nv, d, bonus; u64 T; LgTab tab; u32 low; };
 
 /* A dc_fkey below which no token of the row has P > 0: the key of the value of the
