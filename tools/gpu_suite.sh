@@ -64,7 +64,8 @@ install_into() {
 # files $3 from a copy of the tree's tests (none: no pytest) and the fuzz of the primitives
 # $4 on cpu,cuda (none: no fuzz), side by side, each in a process of its own
 test_install() {
-  rm -rf "$1-run" && mkdir -p "$1-run" && cp -r "$2/tests" "$2/pyproject.toml" "$1-run/"
+  rm -rf "$1-run" "$1.pytest" "$1.fuzz" && mkdir -p "$1-run"
+  cp -r "$2/tests" "$2/pyproject.toml" "$1-run/"
   ( cd "$1-run" && export PYTHONPATH="$1"
     if [ -n "$3" ]; then
       ( timeout ${TREES_T:-420} python3 -m pytest -q -rs --maxfail=${MAXFAIL:-20} \

@@ -168,10 +168,10 @@ def test_the_value_table_constants_agree_with_the_kernels():
     (LG_TABLE_ROWS), over a grid of LG_TE / 256 blocks a row, the tables it allocates
     hold LG_TABW words a row, and its longest tile fits the value cut's tile read
     (LG_VROWS): the Python copies of the kernel source's constants."""
+    import glob
     import os
     import re
     from dyadic.backends.cuda.cupy import plans, runtime
-    import glob
     src = "".join(open(f).read() for f in sorted(
         glob.glob(os.path.join(runtime.KERNEL_DIR, "*logits*.cuh"))))
 

@@ -23,7 +23,8 @@ class CupyBackend(Backend):
     name = "cuda"
     has_lazy_verify = True
     has_logits_verify = True
-    #: verify(logits=True) on device arrays (dyadic._device; kernels logits_*.cuh, verify_logits_*.cuh).
+    #: verify(logits=True) on device arrays (dyadic._device; kernels logits_*.cuh,
+    #: verify_logits_*.cuh).
     device_logits_verify = True
     #: allocate / propose with top_p / min_p / per-row top_k on device arrays (top_k
     #: given; the topk_select route).

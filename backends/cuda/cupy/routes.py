@@ -292,8 +292,8 @@ def kernel_names(primitive, **shape):
     (16-bit logits), bias, aligned (a 16-byte aligned x pointer), filtered (top_p /
     min_p / a per-row top_k: only a dense support's kernels differ) and bf16 (bfloat16
     logits, with filtered) for allocate / propose; k1, greedy, lazy, ragged (num_drafts
-    given: the same kernels as without), logits (a logits target), bf16 (a bfloat16 target, with logits) and top_k
-    (with logits: a top_k given, default True) for verify."""
+    given: the same kernels as without), logits (a logits target), bf16 (a bfloat16
+    target, with logits) and top_k (with logits: a top_k given, default True) for verify."""
     b, v, nsm = shape["batch"], shape["v"], shape["nsm"]
     if primitive == "draw":
         return ("draw_rows",)
