@@ -295,17 +295,36 @@ DC_FN dy_u128 block_sum128(dy_u128 v, DcShared& sh) {
   return r;
 }
 
+/* A warp shuffle up by o lanes and the sum, for each warp-scanned type (dy_u128: both
+ * halves shuffled). */
+DC_FN int dc_shfl_up(int v, int o) { return __shfl_up_sync(0xffffffffu, v, o); }
+DC_FN u32 dc_shfl_up(u32 v, int o) { return __shfl_up_sync(0xffffffffu, v, o); }
+DC_FN dy_u128 dc_shfl_up(dy_u128 v, int o) {
+  return dy_make128(__shfl_up_sync(0xffffffffu, v.hi, o), __shfl_up_sync(0xffffffffu, v.lo, o));
+}
+DC_FN int dc_add(int a, int b) { return a + b; }
+DC_FN u32 dc_add(u32 a, u32 b) { return a + b; }
+DC_FN dy_u128 dc_add(dy_u128 a, dy_u128 b) { return dy_add128(a, b); }
+
+/* The inclusive scan of v over the warp's lanes (lane: this thread's). */
+template <class T>
+DC_FN T dc_warp_scan(T v, int lane) {
+  for (int o = 1; o < 32; o <<= 1) {
+    const T t = dc_shfl_up(v, o);
+    if (lane >= o) v = dc_add(v, t);
+  }
+  return v;
+}
+
 /* Exclusive scan of one int per thread (thread order); *total gets the sum. */
 DC_FN int block_excl_scan(int v, int* total, DcShared& sh) {
   int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  int inc = v;
-  for (int o = 1; o < 32; o <<= 1) { int t = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += t; }
+  const int inc = dc_warp_scan(v, lane);
   __syncthreads();
   if (lane == 31) sh.ri[wid] = inc;
   __syncthreads();
   if (wid == 0) {
-    int w = lane < nw ? sh.ri[lane] : 0, wi = w;
-    for (int o = 1; o < 32; o <<= 1) { int t = __shfl_up_sync(0xffffffffu, wi, o); if (lane >= o) wi += t; }
+    const int w = lane < nw ? sh.ri[lane] : 0, wi = dc_warp_scan(w, lane);
     sh.ri[lane] = wi - w;
     if (lane == 31) sh.ri[32] = wi;
   }
@@ -347,8 +366,7 @@ DC_FN DcSel block_select(G get, int n, int K, DcShared& sh, int top = 56) {
     if (tid < 32) {
       u32 c[8]; u32 sl = 0;
       for (int j = 0; j < 8; ++j) { c[j] = sh.hist[255 - 8 * lane - j]; sl += c[j]; }
-      u32 inc = sl;
-      for (int o = 1; o < 32; o <<= 1) { u32 t = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += t; }
+      const u32 inc = dc_warp_scan(sl, lane);
       u32 exc = inc - sl;
       if (exc < (u32)need && (u32)need <= inc) {
         u32 cum = exc;
@@ -414,11 +432,7 @@ DC_FN int block_draw(G getw, int n, D drawx, DcShared& sh, int lo0 = 0, bool fir
     if (len <= 32) {
       if (wid == 0) {
         dy_u128 w = lane < len ? getw(lo + lane) : dy_make128(0, 0);
-        dy_u128 inc = w;
-        for (int o = 1; o < 32; o <<= 1) {
-          dy_u128 t = dy_make128(__shfl_up_sync(0xffffffffu, inc.hi, o), __shfl_up_sync(0xffffffffu, inc.lo, o));
-          if (lane >= o) inc = dy_add128(inc, t);
-        }
+        const dy_u128 inc = dc_warp_scan(w, lane);
         if (first) {  /* tiny row: draw from its total here */
           dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
           bool ok = false;

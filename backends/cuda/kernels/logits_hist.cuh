@@ -191,11 +191,7 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
       u32 run = 0;
       for (int u = 0; u < 4; ++u) {
         const u32 x = tcr[u];
-        u32 inc = x;
-        for (int o = 1; o < 32; o <<= 1) {
-          const u32 y = __shfl_up_sync(0xffffffffu, inc, o);
-          if (lane >= o) inc += y;
-        }
+        const u32 inc = dc_warp_scan(x, lane);
         const u32 all = __shfl_sync(0xffffffffu, inc, 31);
         if (x && run + inc >= m && run + inc - x < m) {
           s_tile = lane + 32 * u; s_rest = m - (run + inc - x);

@@ -236,11 +236,7 @@ extern "C" __global__ void __launch_bounds__(256) verify_residual(
     const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
     dy_u128 s = dy_make128(0, 0);
     for (int t = a0; t < a1; ++t) s = dy_add128(s, dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])));
-    dy_u128 inc = s;
-    for (int o = 1; o < 32; o <<= 1) {
-      dy_u128 u = dy_make128(__shfl_up_sync(0xffffffffu, inc.hi, o), __shfl_up_sync(0xffffffffu, inc.lo, o));
-      if (lane >= o) inc = dy_add128(inc, u);
-    }
+    const dy_u128 inc = dc_warp_scan(s, lane);
     const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
     int ok = 0; dy_u128 x = dy_make128(0, 0);
     if (lane == 0) {

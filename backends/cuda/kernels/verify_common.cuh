@@ -175,12 +175,7 @@ DC_FN dy_u128 lr_shfl(dy_u128 v, int src) {
 }
 
 DC_FN dy_u128 lr_scan(dy_u128 v) {  /* warp inclusive scan */
-  const int lane = threadIdx.x & 31;
-  for (int o = 1; o < 32; o <<= 1) {
-    const dy_u128 u = dy_make128(__shfl_up_sync(0xffffffffu, v.hi, o), __shfl_up_sync(0xffffffffu, v.lo, o));
-    if (lane >= o) v = dy_add128(v, u);
-  }
-  return v;
+  return dc_warp_scan(v, (int)(threadIdx.x & 31));
 }
 
 /* dy_uniform_below_u128 (draw indices from 0) by one warp: lane j takes draw index

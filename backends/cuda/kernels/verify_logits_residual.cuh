@@ -199,11 +199,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
     dy_u128 own = dy_make128(0, 0);
     for (int t2 = a0; t2 < a1; ++t2) own = dy_add128(own, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
-    dy_u128 inc = own;
-    for (int o = 1; o < 32; o <<= 1) {
-      const dy_u128 u = dy_make128(__shfl_up_sync(0xffffffffu, inc.hi, o), __shfl_up_sync(0xffffffffu, inc.lo, o));
-      if (lane >= o) inc = dy_add128(inc, u);
-    }
+    const dy_u128 inc = dc_warp_scan(own, lane);
     const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
     int ok = 0;
     dy_u128 xx = dy_make128(0, 0);
