@@ -230,39 +230,9 @@ extern "C" __global__ void __launch_bounds__(256) verify_residual(
   v2_part(tile, b, rt, vec_t, vec_q, s1, target, draft, qc, qi, W, k, V, nrt, res_row, res_T, rpart, n);
   if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
   ResRow r = res_setup(target, draft, qc, qi, W, k, V, b, i, res_T[b], &snv, n);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const u64* rp = rpart + 2 * (i64)b * nrt;
-    const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
-    dy_u128 s = dy_make128(0, 0);
-    for (int t = a0; t < a1; ++t) s = dy_add128(s, dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])));
-    const dy_u128 inc = dc_warp_scan(s, lane);
-    const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
-    int ok = 0; dy_u128 x = dy_make128(0, 0);
-    if (lane == 0) {
-      DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-      u32 idx = 0;
-      ok = !dy_is_zero128(tot) &&
-           dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
-                                 &idx, &x) == DY_ST_OK;
-    }
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    x = dy_make128(__shfl_sync(0xffffffffu, x.hi, 0), __shfl_sync(0xffffffffu, x.lo, 0));
-    if (lane == 0) { sok = 0; stile = -1; }
-    __syncwarp();
-    if (ok) {
-      const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x, inc));
-      const int L = bal ? __ffs(bal) - 1 : -1;
-      if (lane == L) {
-        dy_u128 cum = dy_sub128(inc, s);
-        for (int t = a0; t < a1; ++t) {
-          const dy_u128 nc = dy_add128(cum, dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])));
-          if (dy_lt128(x, nc)) { stile = t; sx = dy_sub128(x, cum); sok = 1; break; }
-          cum = nc;
-        }
-      }
-    }
-  }
+  if (threadIdx.x < 32)  /* warp 0: the tile holding X */
+    vr_draw_tile(rpart + 2 * (i64)b * nrt, nrt, kseed, kgen, krnd, kpos, kfmt, b, i, &stile, &sx,
+                 &sok);
   __syncthreads();
   int j = -1;
   if (sok) {

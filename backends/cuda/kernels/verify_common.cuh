@@ -257,6 +257,66 @@ DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) 
   }
 }
 
+/* Warp 0 (lane = threadIdx.x < 32) of a residual row's last block: the tile holding X,
+ * X uniform below the total of the row's nrt tile sums rp (128-bit, (lo, hi) words
+ * written by the row's blocks, read through L2) in domain CORRECTION at position pos + i
+ * of request b's key (drawn by lane 0): the lane whose run of consecutive tiles holds X
+ * writes the tile, X's offset in it and 1 to *stile, *sx, *sok; lane 0 writes -1 and 0
+ * first (a zero total or a failing draw leaves them). */
+#define VR_TK 4  /* tile sums a lane of vr_draw_tile keeps in registers */
+
+DC_FN void vr_draw_tile(const u64* rp, int nrt, const void* kseed, const void* kgen,
+                        const void* krnd, const void* kpos, int kfmt, int b, int i, int* stile,
+                        dy_u128* sx, int* sok) {
+  const int lane = threadIdx.x;
+  const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
+  auto sum_at = [&](int t) { return dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])); };
+  /* the run's first VR_TK sums loaded at once and kept for the walk (runs of at most
+   * VR_TK tiles: nrt <= 32 VR_TK) */
+  dy_u128 kv[VR_TK];
+#pragma unroll
+  for (int u = 0; u < VR_TK; ++u) kv[u] = a0 + u < a1 ? sum_at(a0 + u) : dy_make128(0, 0);
+  dy_u128 s = dy_make128(0, 0);
+#pragma unroll
+  for (int u = 0; u < VR_TK; ++u) s = dy_add128(s, kv[u]);
+  for (int t = a0 + VR_TK; t < a1; ++t) s = dy_add128(s, sum_at(t));
+  const dy_u128 inc = dc_warp_scan(s, lane);
+  const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
+  int ok = 0; dy_u128 x = dy_make128(0, 0);
+  if (lane == 0) {
+    DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+    u32 idx = 0;
+    ok = !dy_is_zero128(tot) &&
+         dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
+                               &idx, &x) == DY_ST_OK;
+  }
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  x = dy_make128(__shfl_sync(0xffffffffu, x.hi, 0), __shfl_sync(0xffffffffu, x.lo, 0));
+  if (lane == 0) { *sok = 0; *stile = -1; }
+  __syncwarp();
+  if (ok) {
+    const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x, inc));
+    const int L = bal ? __ffs(bal) - 1 : -1;
+    if (lane == L) {
+      dy_u128 cum = dy_sub128(inc, s);
+      int t = -1;
+#pragma unroll
+      for (int u = 0; u < VR_TK; ++u) {
+        if (t >= 0 || a0 + u >= a1) continue;
+        const dy_u128 nc = dy_add128(cum, kv[u]);
+        if (dy_lt128(x, nc)) t = a0 + u;
+        else cum = nc;
+      }
+      for (int v = a0 + VR_TK; t < 0 && v < a1; ++v) {
+        const dy_u128 nc = dy_add128(cum, sum_at(v));
+        if (dy_lt128(x, nc)) t = v;
+        else cum = nc;
+      }
+      if (t >= 0) { *stile = t; *sx = dy_sub128(x, cum); *sok = 1; }
+    }
+  }
+}
+
 /* One warp: the first id v of the chunk [v0, v0 + LR_CH) whose running residual sum
  * (res_weight) exceeds x (x below the chunk's sum); -1 when none.  Every lane returns it. */
 DC_FN int lr_pick(const ResRow& r, int v0, int V, dy_u128 x) {

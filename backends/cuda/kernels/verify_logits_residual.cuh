@@ -193,40 +193,9 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
   s = block_sum128(s, sh);
   if (tid == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
   if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
-  if (tid < 32) {  /* warp 0: the tile sums in chunks of consecutive tiles per lane */
-    const int lane = tid;
-    const u64* rp = rpart + 2 * (i64)b * nrt;
-    const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
-    dy_u128 own = dy_make128(0, 0);
-    for (int t2 = a0; t2 < a1; ++t2) own = dy_add128(own, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
-    const dy_u128 inc = dc_warp_scan(own, lane);
-    const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
-    int ok = 0;
-    dy_u128 xx = dy_make128(0, 0);
-    if (lane == 0) {
-      const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-      u32 idx = 0;
-      ok = !dy_is_zero128(tot) &&
-           dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
-                                 &idx, &xx) == DY_ST_OK;
-      sok = 0; stile = -1;
-    }
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    xx = dy_make128(__shfl_sync(0xffffffffu, xx.hi, 0), __shfl_sync(0xffffffffu, xx.lo, 0));
-    __syncwarp();
-    if (ok) {
-      const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(xx, inc));
-      const int L = bal ? __ffs(bal) - 1 : -1;
-      if (lane == L) {
-        dy_u128 cum = dy_sub128(inc, own);
-        for (int t2 = a0; t2 < a1; ++t2) {
-          const dy_u128 nc = dy_add128(cum, dy_make128(__ldcg(&rp[2 * t2 + 1]), __ldcg(&rp[2 * t2])));
-          if (dy_lt128(xx, nc)) { stile = t2; sx = dy_sub128(xx, cum); sok = 1; break; }
-          cum = nc;
-        }
-      }
-    }
-  }
+  if (tid < 32)  /* warp 0: the tile holding X */
+    vr_draw_tile(rpart + 2 * (i64)b * nrt, nrt, kseed, kgen, krnd, kpos, kfmt, b, i, &stile, &sx,
+                 &sok);
   __syncthreads();
   DY_TL_MARK(0);  /* the tile drawn */
   int j = -1;
