@@ -356,6 +356,36 @@ def test_residual_tiles_with_many_kept_tokens(cuda, dtype):
         assert (_np(want.accepted) < k).sum() >= b // 2  # residual rows
 
 
+@pytest.mark.parametrize("b", [4, 64])
+def test_residual_tiles_with_and_without_their_kept_lists(cuda, b):
+    """Residual rows whose tiles list from a few to all of their tokens in one call: the
+    first 60000 ids logits in [20, 21), 500 ids among the rest in [25, 26), the others
+    3 z, cut by top_k 60500 (B=4: residual tiles of 1024 tokens, B=64: 8192), so a tile
+    of the first ids lists more tokens than it keeps (128) and a tile of the rest keeps
+    its few; both carry about half the row's mass, and the corrections fall in both
+    over the calls.  q from 3 z + 0.5 noise (dense), drafts drawn from it (rejected):
+    cuda equals cpu bit for bit."""
+    torch = cuda
+    rng = np.random.default_rng(577 + b)
+    k, v = 2, V_REAL
+    kinds = set()
+    for _ in range(4 if b == 4 else 1):
+        z = rng.standard_normal((b, k + 1, v))
+        x = 3 * z
+        x[:, :, :60000] = 20 + rng.random((b, k + 1, 60000))
+        few = 60000 + rng.choice(v - 60000, 500, replace=False)
+        x[:, :, few] = 25 + rng.random((b, k + 1, 500))
+        q, draft = _q_draft(rng, (3 * z).astype(np.float32), k, "dense")
+        params = _full_params(b, temperature=1.0, top_k=60500)
+        for dtype in ("float32", "bfloat16"):
+            _, want = _both(torch, x.astype(np.float32), dtype, draft, q, _keys(rng, b),
+                            params, False, on_device={"params", "keys"})
+            assert not _np(want.status).any()
+            tok = _np(want.tokens)[np.arange(b), _np(want.accepted)]
+            kinds |= {"first" if t < 60000 else "few" for t in tok}
+    assert kinds == {"first", "few"}
+
+
 @pytest.mark.parametrize("b", [16, 64])
 def test_bf16_cuts_on_tied_values(cuda, b):
     """bfloat16 rows of 3 z at V=129280 (hundreds of tokens share each value near a cut),
@@ -378,6 +408,37 @@ def test_bf16_cuts_on_tied_values(cuda, b):
         x[r] *= 1e-6
         x[r, :, :2] = 0.5
     _bf16_dense_and_sparse(torch, rng, x.astype(np.float32), k, _cycled_params(recipes, b))
+
+
+@pytest.mark.parametrize("b", [1, 64])
+def test_bf16_top_k_and_top_p_cut_inside_one_value(cuda, b):
+    """bfloat16 rows at V=129280 of few values (round(4 z) / 4 x 3: thousands of tokens
+    each), B=1 (a block a tile) and 64 (tiles counted by logits_max): top_k landing inside
+    a value with top_p just below 1, so that the top-p cut lies inside the same value and
+    keeps fewer of its tokens (ties to the lowest ids); top-k alone, top-p alone, both
+    with min-p, and rows whose cut lies among the values below the value table's binades
+    (tiny logits around a few large ones, some of them tied): cuda equals cpu bit for
+    bit."""
+    torch = cuda
+    rng = np.random.default_rng(131 + b)
+    k, v = 5 if b == 1 else 2, V_REAL
+    x = 3 * np.round(4 * rng.standard_normal((b, k + 1, v))) / 4
+    recipes = [(1.0, 3000, 0.99999, 0.0), (1.0, 20000, 0.9999, 0.0), (0.7, 500, 0.999, 0.0),
+               (1.0, 3000, 1.0, 0.0), (1.0, 0, 0.6, 0.0), (2.0, 10000, 0.99999, 0.01)]
+    for r in range(b):
+        if r % 4 == 3:  # tiny logits around a few large ones; ties among the tiny ones
+            x[r] = np.round(x[r]) * 1e-8
+            x[r, :, :3] = 0.25
+    if b == 1:  # the one request's rows with both cuts in one value, then its rows of tiny
+        # logits around a few large ones (the top-p cut among them)
+        _bf16_dense_and_sparse(torch, rng, x.astype(np.float32), k,
+                               {"temperature": 1.0, "top_k": 3000, "top_p": 0.99999})
+        x = np.round(x) * 1e-8
+        x[:, :, :3] = 0.25
+        params = {"temperature": 1.0, "top_p": 0.9}
+    else:
+        params = _cycled_params(recipes, b)
+    _bf16_dense_and_sparse(torch, rng, x.astype(np.float32), k, params)
 
 
 def _cycled_params(recipes, b):

@@ -271,8 +271,8 @@ DC_FN void vr_draw_tile(const u64* rp, int nrt, const void* kseed, const void* k
   const int lane = threadIdx.x;
   const int chunk = (nrt + 31) / 32, a0 = min(nrt, lane * chunk), a1 = min(nrt, a0 + chunk);
   auto sum_at = [&](int t) { return dy_make128(__ldcg(&rp[2 * t + 1]), __ldcg(&rp[2 * t])); };
-  /* the run's first VR_TK sums loaded at once and kept for the walk (runs of at most
-   * VR_TK tiles: nrt <= 32 VR_TK) */
+  /* the run's first VR_TK sums loaded at once and kept for the walk (the whole run where
+   * nrt <= 32 VR_TK) */
   dy_u128 kv[VR_TK];
 #pragma unroll
   for (int u = 0; u < VR_TK; ++u) kv[u] = a0 + u < a1 ? sum_at(a0 + u) : dy_make128(0, 0);
@@ -281,14 +281,15 @@ DC_FN void vr_draw_tile(const u64* rp, int nrt, const void* kseed, const void* k
   for (int u = 0; u < VR_TK; ++u) s = dy_add128(s, kv[u]);
   for (int t = a0 + VR_TK; t < a1; ++t) s = dy_add128(s, sum_at(t));
   const dy_u128 inc = dc_warp_scan(s, lane);
-  const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
+  const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31),
+                                 __shfl_sync(0xffffffffu, inc.lo, 31));
   int ok = 0; dy_u128 x = dy_make128(0, 0);
   if (lane == 0) {
     DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
     u32 idx = 0;
     ok = !dy_is_zero128(tot) &&
-         dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i, DY_DOMAIN_CORRECTION,
-                               &idx, &x) == DY_ST_OK;
+         dy_uniform_below_u128(tot, key.seed, key.gen, key.rnd, key.pos + i,
+                               DY_DOMAIN_CORRECTION, &idx, &x) == DY_ST_OK;
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
   x = dy_make128(__shfl_sync(0xffffffffu, x.hi, 0), __shfl_sync(0xffffffffu, x.lo, 0));
