@@ -257,14 +257,14 @@ DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) 
   }
 }
 
+#define VR_TK 4  /* tile sums a lane of vr_draw_tile keeps in registers */
+
 /* Warp 0 (lane = threadIdx.x < 32) of a residual row's last block: the tile holding X,
  * X uniform below the total of the row's nrt tile sums rp (128-bit, (lo, hi) words
  * written by the row's blocks, read through L2) in domain CORRECTION at position pos + i
  * of request b's key (drawn by lane 0): the lane whose run of consecutive tiles holds X
  * writes the tile, X's offset in it and 1 to *stile, *sx, *sok; lane 0 writes -1 and 0
  * first (a zero total or a failing draw leaves them). */
-#define VR_TK 4  /* tile sums a lane of vr_draw_tile keeps in registers */
-
 DC_FN void vr_draw_tile(const u64* rp, int nrt, const void* kseed, const void* kgen,
                         const void* krnd, const void* kpos, int kfmt, int b, int i, int* stile,
                         dy_u128* sx, int* sok) {
