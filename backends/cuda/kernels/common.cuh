@@ -302,6 +302,10 @@ DC_FN u32 dc_shfl_up(u32 v, int o) { return __shfl_up_sync(0xffffffffu, v, o); }
 DC_FN dy_u128 dc_shfl_up(dy_u128 v, int o) {
   return dy_make128(__shfl_up_sync(0xffffffffu, v.hi, o), __shfl_up_sync(0xffffffffu, v.lo, o));
 }
+/* The 128-bit v of lane src, to every lane of the warp. */
+DC_FN dy_u128 dc_shfl(dy_u128 v, int src) {
+  return dy_make128(__shfl_sync(0xffffffffu, v.hi, src), __shfl_sync(0xffffffffu, v.lo, src));
+}
 DC_FN int dc_add(int a, int b) { return a + b; }
 DC_FN u32 dc_add(u32 a, u32 b) { return a + b; }
 DC_FN dy_u128 dc_add(dy_u128 a, dy_u128 b) { return dy_add128(a, b); }

@@ -170,10 +170,6 @@ DC_FN dy_u128 lr_val(u64 sp, u64 sc, u64 T, bool bonus) {
                : dy_sub128(dy_make128(sp >> (64 - DY_TOTAL_BITS), sp << DY_TOTAL_BITS), dy_mul64(sc, T));
 }
 
-DC_FN dy_u128 lr_shfl(dy_u128 v, int src) {
-  return dy_make128(__shfl_sync(0xffffffffu, v.hi, src), __shfl_sync(0xffffffffu, v.lo, src));
-}
-
 DC_FN dy_u128 lr_scan(dy_u128 v) {  /* warp inclusive scan */
   return dc_warp_scan(v, (int)(threadIdx.x & 31));
 }
@@ -192,7 +188,7 @@ DC_FN int lr_uniform_below(dy_u128 n, const u32* w0, const DcKey& key, u32 pos, 
     else dy_philox_block(key.seed, key.gen, key.rnd, pos, domain, base + lane, w);
     const dy_u128 x = dy_and128(dy_make128((u64)w[2] | ((u64)w[3] << 32), (u64)w[0] | ((u64)w[1] << 32)), mask);
     const unsigned bal = __ballot_sync(0xffffffffu, dy_lt128(x, n) && base + lane <= DY_MAX_DRAW_INDEX);
-    if (bal) { *out = lr_shfl(x, __ffs(bal) - 1); return 1; }
+    if (bal) { *out = dc_shfl(x, __ffs(bal) - 1); return 1; }
   }
   return 0;
 }
@@ -215,7 +211,7 @@ DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) 
   }
   dy_u128 inc = lr_scan(s);
   if (first) {
-    dy_u128 tot = lr_shfl(inc, 31);
+    dy_u128 tot = dc_shfl(inc, 31);
     if (n > 32 * LR_PL) {  /* ids beyond the first pass (warp-uniform test) */
       dy_u128 ex = dy_make128(0, 0);
 #pragma unroll 4
@@ -240,10 +236,10 @@ DC_FN int lr_find(LD load, int n, bool first, D drawx, dy_u128 x, dy_u128* off) 
           cum = nc;
         }
       }
-      *off = lr_shfl(o, L);
+      *off = dc_shfl(o, L);
       return __shfl_sync(0xffffffffu, r, L);
     }
-    base = dy_add128(base, lr_shfl(inc, 31));
+    base = dy_add128(base, dc_shfl(inc, 31));
     p0 += 32 * LR_PL;
     if (p0 >= n) return -1;
     s = dy_make128(0, 0);
@@ -281,8 +277,7 @@ DC_FN void vr_draw_tile(const u64* rp, int nrt, const void* kseed, const void* k
   for (int u = 0; u < VR_TK; ++u) s = dy_add128(s, kv[u]);
   for (int t = a0 + VR_TK; t < a1; ++t) s = dy_add128(s, sum_at(t));
   const dy_u128 inc = dc_warp_scan(s, lane);
-  const dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31),
-                                 __shfl_sync(0xffffffffu, inc.lo, 31));
+  const dy_u128 tot = dc_shfl(inc, 31);
   int ok = 0; dy_u128 x = dy_make128(0, 0);
   if (lane == 0) {
     DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
@@ -292,7 +287,7 @@ DC_FN void vr_draw_tile(const u64* rp, int nrt, const void* kseed, const void* k
                                DY_DOMAIN_CORRECTION, &idx, &x) == DY_ST_OK;
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
-  x = dy_make128(__shfl_sync(0xffffffffu, x.hi, 0), __shfl_sync(0xffffffffu, x.lo, 0));
+  x = dc_shfl(x, 0);
   if (lane == 0) { *sok = 0; *stile = -1; }
   __syncwarp();
   if (ok) {
