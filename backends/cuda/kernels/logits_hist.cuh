@@ -113,11 +113,22 @@ static __device__ __noinline__ LgVPick lg_value_pick(const LgRow& row, double zm
     __syncthreads();
     return res;
   }
-  /* the bucket's values in ranking order: thread tid looks at ranks 16 tid .. + 15 */
-  const u16* tbk = lg_tab_bucket(row.tab);
-  const int per = LG_TE / 256;
-  u32 mine = 0;
-  for (int i = 0; i < per; ++i) mine |= (u32)(__ldg(&tbk[lg_rank_slot(tid * per + i)]) == j) << i;
+  /* the bucket's values in ranking order: thread tid looks at ranks 16 tid .. + 15, which
+   * are 16 consecutive table slots from s0 (descending ones in the positive half,
+   * ascending in the negative), their buckets read as two 16-byte words (a row's table
+   * is 16-byte aligned: LG_TABW u64 a row of 16-byte aligned scratch) */
+  constexpr int per = LG_TE / 256;
+  static_assert(per == 16 && (2 * LG_TE * 8) % 16 == 0 && (LG_TABW * 8) % 16 == 0,
+                "a thread's buckets are two aligned 16-byte words");
+  const bool pos = tid * per < LG_TE / 2;
+  const int s0 = pos ? LG_TE / 2 - per * (tid + 1) : tid * per;
+  const uint4* tb4 = (const uint4*)(lg_tab_bucket(row.tab) + s0);
+  const uint4 b0 = __ldg(&tb4[0]), b1 = __ldg(&tb4[1]);
+  const u32 bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  u32 mine = 0;  /* bit i: rank 16 tid + i lies in bucket j */
+#pragma unroll
+  for (int i = 0; i < per; ++i)  /* slot s0 + i, rank 16 tid + (pos ? 15 - i : i) */
+    mine |= (u32)(((bw[i >> 1] >> (16 * (i & 1))) & 0xFFFFu) == (u32)j) << (pos ? per - 1 - i : i);
   u64 n64;
   const int at = (int)lg_scan64((u64)__popc(mine), &n64, sh);
   const int n = (int)n64;
