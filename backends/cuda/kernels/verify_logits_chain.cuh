@@ -3,9 +3,10 @@
  * (dy_verify_logits_row_host) num_drafts, the parameters, every target row 0..n
  * (TARGET_INVALID_VALUE, TARGET_ZERO_MASS), the draft ids and q rows (dc_draft_check),
  * q(d) > 0; then the acceptance chain on P_i(d_i) (dy_accept) or the argmax (greedy).
- * The records and the drafts are read by a thread each, and each position's acceptance
- * (a pure function of its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its
- * own once the request passed every check; thread 0 then walks the chain to its first
+ * The records and the drafts are read by a thread each, P_i(d_i), T_i and the key by
+ * warp 7 while the other warps check, and each position's acceptance (a pure function
+ * of its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its own once the
+ * request passed every check; thread 0 then walks the chain to its first
  * rejection (or failing draw), as the sequential chain does.  The residual / bonus row
  * goes to logits_residual (res_row, -1 when none). */
 extern "C" __global__ void __launch_bounds__(256) logits_chain(
@@ -16,6 +17,8 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
     int* res_row, int* accepted, int* tokens, int* status) {
   __shared__ u32 cq[64], idbits[8];
   __shared__ int rst[65], acode[64], aok[64], s_code;
+  __shared__ u64 pd[64], pt[64];
+  __shared__ DcKey skey;
   const int b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   if (b >= B) return;
   const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
@@ -32,6 +35,25 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
     }
     if (lane == 0) idbits[wid] = f;
     for (int i = tid; !q.code && i <= n; i += blockDim.x) rst[i] = (int)rb[(i64)i * LG_REC + LG_ST];
+    /* warp 7, after its checks (none while n <= 7): each position's P_i(d_i) and T_i and
+     * the request's key, read while the other warps check, so that the acceptance below
+     * waits on no load; used only once the request passed every check (each read is in
+     * bounds whatever the checks find: rows 0..n-1, a logit at an id in [0, V), a table
+     * entry at a slot lg_slot bounds) */
+    if (wid == 7 && !q.code && !q.greedy) {
+      for (int i = lane; i < n; i += 32) {
+        const int d = draft[qrow + i];
+        const u64* rc = rb + (i64)i * LG_REC;
+        u64 P = 0;
+        if (d >= 0 && d < V) {
+          const i64 r = (i64)b * (k + 1) + i;
+          const LgRow row = {x, dt, r * V, q.temp, 0, vtab + r * LG_TABW, (u32)rc[LG_WIN]};
+          P = lg_p(row, lg_cut_of(rc), d);
+        }
+        pd[i] = P; pt[i] = rc[LG_T];
+      }
+      if (lane == 0) skey = load_key(kseed, kgen, krnd, kpos, kfmt, b);
+    }
   }
   __syncthreads();
   if (tid == 0) {
@@ -57,13 +79,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
     const int d = draft[qrow + i];
     int ok = 0, c = DY_ST_OK;
     if (q.greedy) ok = d == (int)rc[LG_ARG];
-    else {
-      const DcKey key = load_key(kseed, kgen, krnd, kpos, kfmt, b);
-      const i64 r = (i64)b * (k + 1) + i;
-      const LgRow row = {x, dt, r * V, q.temp, 0, vtab + r * LG_TABW, (u32)rc[LG_WIN]};
-      c = dy_accept(lg_p(row, lg_cut_of(rc), d), rc[LG_T], cq[i], key.seed, key.gen,
-                    key.rnd, key.pos + i, &ok);
-    }
+    else c = dy_accept(pd[i], pt[i], cq[i], skey.seed, skey.gen, skey.rnd, skey.pos + i, &ok);
     acode[i] = c; aok[i] = ok;
   }
   __syncthreads();
