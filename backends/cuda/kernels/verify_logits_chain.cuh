@@ -8,7 +8,8 @@
  * of its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its own once the
  * request passed every check; thread 0 then walks the chain to its first
  * rejection (or failing draw), as the sequential chain does.  The residual / bonus row
- * goes to logits_residual (res_row, -1 when none). */
+ * goes to logits_residual, or to logits_one_launch's last block (res_row, -1 when none).
+ * lg_chain_run is the block's work (logits_chain's, and block 0's of logits_one_launch). */
 DC_FN void lg_chain_run(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int b, int k, int V,
