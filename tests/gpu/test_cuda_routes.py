@@ -87,16 +87,20 @@ ROUTES = [
     # tests/gpu/test_gpu_verify_logits.py: a second logits_resolve only with a top_k (a
     # top-p cut in an earlier bucket than the top-k cut)
     ("verify", dict(batch=4, v=V, k1=6, logits=True),
-     ("logits_max", "logits_hist", "logits_resolve", "logits_resolve", "logits_chain",
-      "logits_residual")),
+     ("logits_max", "logits_hist", "logits_resolve", "logits_resolve", "logits_one_launch")),
+    # logits_one_launch while 1 + (k + 1) x tiles blocks a request fit one wave (B <= 4 at
+    # k = 5 on 132 SMs), else logits_chain + logits_residual
+    ("verify", dict(batch=1, v=V, k1=6, logits=True, top_k=False),
+     ("logits_max", "logits_hist", "logits_resolve", "logits_one_launch")),
+    ("verify", dict(batch=5, v=V, k1=6, logits=True, top_k=False),
+     ("logits_max", "logits_hist", "logits_resolve", "logits_chain", "logits_residual")),
     ("verify", dict(batch=64, v=V, k1=6, lazy=True, logits=True, top_k=False),
      ("logits_max", "logits_hist", "logits_resolve", "logits_chain", "logits_residual")),
     # bfloat16 logits: the value tables in logits_table over at most 128 rows, else in
     # logits_max (test_gpu_verify_logits.py: test_real_vocabulary_bf16 at 24 rows,
     # test_residual_tiles_with_many_kept_tokens at 192)
     ("verify", dict(batch=4, v=V, k1=6, logits=True, bf16=True, top_k=False),
-     ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_chain",
-      "logits_residual")),
+     ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_one_launch")),
     ("verify", dict(batch=64, v=V, k1=2, logits=True, bf16=True),
      ("logits_max", "logits_table", "logits_hist", "logits_resolve", "logits_resolve",
       "logits_chain", "logits_residual")),
@@ -125,6 +129,27 @@ def test_lazy_tiles_fit_the_kernel(batch, v):
     """verify_lazy's tiles: multiples of 1024 ids, at most 32768, at most 128 per row."""
     vt = routes.lazy_tile(v, batch, NSM)
     assert vt % 1024 == 0 and 1024 <= vt <= 32768 and -(-v // vt) <= 128
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 5, 16, 64])
+@pytest.mark.parametrize("k1", [1, 2, 6, 9, 17])
+@pytest.mark.parametrize("v", [1, 1000, 4097, 32000, V, 1 << 20])
+def test_logits_one_launch_tiles_fit_the_kernel(batch, k1, v):
+    """logits_one_launch: tiles of a multiple of 1024 ids, at most
+    LOGITS_RESIDUAL_MAX_TILE (its last block holds one in shared memory), and only where
+    1 + k1 x tiles blocks a request fit one wave at 3 blocks per SM."""
+    rt = routes.logits_one_launch_tile(v, batch, k1, NSM)
+    if rt == 0:
+        return
+    nrt = -(-v // rt)
+    assert rt % 1024 == 0 and rt <= routes.LOGITS_RESIDUAL_MAX_TILE
+    assert batch * (1 + k1 * nrt) <= routes.LOGITS_ONE_LAUNCH_PER_SM * NSM
+
+
+def test_logits_one_launch_taken_at_small_batches():
+    """At V = 129280 and k = 5 on 132 SMs: one launch up to B = 4, two launches from 5."""
+    taken = [b for b in range(1, 65) if routes.logits_one_launch_tile(V, b, 6, NSM)]
+    assert taken == [1, 2, 3, 4]
+
 
 
 @pytest.mark.parametrize("batch", [1, 2, 4, 8, 32, 64])

@@ -131,8 +131,9 @@ class CupyBackend(Backend):
     def verify_logits(self, target, draft, q_counts, q_ids, greedy, temperature, top_k, top_p,
                       min_p, seed, generation, round, position, accepted, tokens, status,
                       num_drafts=None):
-        """verify(logits=True): logits_max, logits_hist, logits_resolve (x2), logits_chain,
-        logits_residual (routes.py).  target float32 / float16 / bfloat16 logits."""
+        """verify(logits=True): logits_max, logits_hist, logits_resolve (x2), then
+        logits_one_launch or logits_chain + logits_residual (routes.py).  target float32 /
+        float16 / bfloat16 logits."""
         batch, k, v, w, call, kptrs, kfmt, p_in, (a, tk, st) = A.verify_setup(
             target, q_counts, seed, generation, round, position,
             (target, draft, q_counts, q_ids, greedy), (accepted, tokens, status))

@@ -453,8 +453,9 @@ class LogitsVerify:
     """verify(logits=True): logits_max, logits_table (routes.logits_table_launched),
     logits_hist, logits_resolve (twice; once when
     ``top_k`` is False: only a top-p cut in an earlier bucket than a top-k cut takes the
-    second launch) over (tile, row) grids, then logits_chain (one block per request) and
-    logits_residual (tile, request).  Per-call words: the target, the four parameter arrays (float64
+    second launch) over (tile, row) grids, then logits_one_launch (1 + (k + 1) x tiles,
+    request) where routes.logits_one_launch_tile gives a tile, else logits_chain (one block
+    per request) and logits_residual (tile, request).  Per-call words: the target, the four parameter arrays (float64
     temperature, int64 top_k, float32 top_p and min_p as bit patterns), the greedy
     flags or 0, num_drafts or 0, the draft, q, keys and outputs."""
 
@@ -464,14 +465,17 @@ class LogitsVerify:
     def __init__(self, batch, k1, v, w, nsm, x_code, top_k=True):
         rows, k = batch * k1, k1 - 1
         tile, rt = routes.logits_tiles(v, batch, k1, nsm)
+        one = routes.logits_one_launch_tile(v, batch, k1, nsm)
+        rt = one or rt
         nt, nrt = -(-v // tile), -(-v // rt)
+        slots = batch * nrt * (k1 if one else 1)  # residual tiles: of every row, or one a request
         bufs = _logits_rows_bufs(rows, nt, x_code) + (
-            runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * batch * nrt),
+            runtime.scratch("lg_res_row", 4 * batch), runtime.scratch("lg_rpart", 16 * slots),
             runtime.scratch("lg_rcnt", 4 * batch),
             # each residual tile's listed tokens with their weights (LG_RL a tile) and count
-            runtime.scratch("lg_rl_w", 16 * LG_RL * batch * nrt),
-            runtime.scratch("lg_rl_id", 4 * LG_RL * batch * nrt),
-            runtime.scratch("lg_rl_n", 4 * batch * nrt))
+            runtime.scratch("lg_rl_w", 16 * LG_RL * slots),
+            runtime.scratch("lg_rl_id", 4 * LG_RL * slots),
+            runtime.scratch("lg_rl_n", 4 * slots))
         rec, tab, res_row, rpart, rcnt, rl_w, rl_id, rl_n = _ptrs(
             bufs[3:4] + bufs[10:11] + bufs[12:])
         head = (_VAR("t"), I32[int(x_code)], *(_VAR(n) for n in ("temp", "topk", "topp", "minp",
@@ -479,13 +483,19 @@ class LogitsVerify:
                 I32[batch], I32[k], I32[v])
         q_in = (_VAR("d"), _VAR("qc"), _VAR("qi"), I32[w], *_KEYVARS, _KFMT)
         names = self.PARAMS
+        res_args = head + (I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt,
+                                                            *_VOUT, rl_w, rl_id, rl_n)
+        if one:
+            last = (_Launch(runtime.kernel("logits_one_launch"), routes.rgrid(1 + k1 * nrt, batch),
+                            (256,), res_args, names),)
+        else:
+            last = (
+                _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,),
+                        head + q_in + (rec, tab, res_row, *_VOUT), names),
+                _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,),
+                        res_args, names))
         self.steps = _logits_rows_steps(head, rows, x_code, tile, nt, bufs, names,
-                                        2 if top_k else 1) + (
-            _Launch(runtime.kernel("logits_chain"), routes.rgrid(1, batch), (256,), head + q_in + (
-                rec, tab, res_row, *_VOUT), names),
-            _Launch(runtime.kernel("logits_residual"), routes.rgrid(nrt, batch), (256,), head + (
-                I32[nrt], np.int32(rt)) + q_in + (rec, tab, res_row, rpart, rcnt, *_VOUT,
-                                                 rl_w, rl_id, rl_n), names))
+                                        2 if top_k else 1) + last
 
     def launch(self, t, temp, topk, topp, minp, g, nd, d, qc, qi, kptrs, kfmt, a, tk, st):
         stream = launch.current_stream()  # read once for the launches

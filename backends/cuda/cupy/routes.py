@@ -29,8 +29,9 @@ Routes (kernel names of backends/cuda/kernels/):
 - verify(logits=True), every check mode: ``logits_max``, ``logits_table`` (bfloat16
   logits over at most LOGITS_TABLE_ROWS rows), ``logits_hist`` (``logits_hist_groups``
   over more bfloat16 rows: logits_counted),
-  ``logits_resolve`` (twice; once when the call gives no top_k), ``logits_chain``,
-  ``logits_residual``.  A logits target is processed in full before any decision (its
+  ``logits_resolve`` (twice; once when the call gives no top_k), then
+  ``logits_one_launch`` where its grid fits (logits_one_launch_tile), else
+  ``logits_chain`` + ``logits_residual``.  A logits target is processed in full before any decision (its
   maximum, total and cuts depend on every token), so check="lazy" validates every row it
   uses, as check=False.
 """
@@ -104,6 +105,12 @@ LOGITS_FEW_ROWS = 8
 LOGITS_FEW_ROWS_PER_SM = 4
 LOGITS_ROWS_PER_SM = 2
 LOGITS_RESIDUAL_MAX_TILE = 8192
+#: logits_one_launch (logits_chain's block and every row's residual tile pass in one grid)
+#: while 1 + (k + 1) x tiles blocks a request fit one wave at this many blocks per SM
+#: (its registers and shared memory allow 3), with tiles of at most
+#: LOGITS_RESIDUAL_MAX_TILE ids; beyond, summing every row's tiles costs more than the
+#: chain's launch it overlaps.
+LOGITS_ONE_LAUNCH_PER_SM = 3
 
 #: the largest grid y and z dimension.
 GRID_YZ = 65535
@@ -250,6 +257,20 @@ def logits_tiles(v, batch, k1, nsm):
             tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE))
 
 
+def logits_one_launch_tile(v, batch, k1, nsm):
+    """logits_one_launch's tile length over ``batch`` requests of ``k1`` target rows, or 0
+    where logits_chain + logits_residual are taken: the most tiles per row (a multiple of
+    1024 ids each) with 1 + k1 x tiles blocks a request within one wave at
+    LOGITS_ONE_LAUNCH_PER_SM blocks per SM, if that makes tiles of at most
+    LOGITS_RESIDUAL_MAX_TILE ids."""
+    per_row = (LOGITS_ONE_LAUNCH_PER_SM * nsm // max(batch, 1) - 1) // k1
+    if per_row < 1:
+        return 0
+    nt = min(-(-v // 1024), per_row)
+    t = -(-(-(-v // nt)) // 1024) * 1024
+    return t if t <= LOGITS_RESIDUAL_MAX_TILE else 0
+
+
 #: Over more than LOGITS_TABLE_ROWS rows of bfloat16 logits logits_max counts each
 #: sampled tile per value as it reads it (lg_counted) and logits_hist reads those counts
 #: instead of the logits: a block then takes the counts of several tiles, as many blocks
@@ -317,8 +338,9 @@ def kernel_names(primitive, **shape):
         return ("topk_onepass" if route == "onepass" else "topk_onepass_wide",)
     if shape.get("logits", False):
         resolve = ("logits_resolve",) * (2 if shape.get("top_k", True) else 1)
-        return logits_rows_kernels(b * shape["k1"], shape.get("bf16", False)) + resolve + (
-            "logits_chain", "logits_residual")
+        last = (("logits_one_launch",) if logits_one_launch_tile(v, b, shape["k1"], nsm)
+                else ("logits_chain", "logits_residual"))
+        return logits_rows_kernels(b * shape["k1"], shape.get("bf16", False)) + resolve + last
     route = verify_route(b, shape["k1"], v, nsm, shape.get("greedy", False),
                          shape.get("lazy", False))
     if route == "lazy":

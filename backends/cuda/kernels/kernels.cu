@@ -17,6 +17,7 @@
 #include "logits_resolve.cuh"
 #include "verify_logits_chain.cuh"
 #include "verify_logits_residual.cuh"
+#include "verify_logits_one_launch.cuh"
 #include "logits_filter.cuh"
 #include "topk_onepass.cuh"
 #include "topk_onepass_wide.cuh"

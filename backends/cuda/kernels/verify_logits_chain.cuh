@@ -8,10 +8,11 @@
  * of its P_i(d_i), T_i, q_i(d_i) and key) is decided by a thread of its own once the
  * request passed every check; thread 0 then walks the chain to its first
  * rejection (or failing draw), as the sequential chain does.  The residual / bonus row
- * goes to logits_residual (res_row, -1 when none). */
-extern "C" __global__ void __launch_bounds__(256) logits_chain(
+ * goes to logits_residual, or to logits_one_launch's last block (res_row, -1 when none).
+ * lg_chain_run is the block's work (logits_chain's, and block 0's of logits_one_launch). */
+DC_FN void lg_chain_run(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
-    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,
+    const u32* minp, const unsigned char* g, const int* nd, int b, int k, int V,
     const int* draft, const u32* qc, const int* qi, int W, const void* kseed, const void* kgen,
     const void* krnd, const void* kpos, int kfmt, const u64* rec, const u64* vtab,
     int* res_row, int* accepted, int* tokens, int* status) {
@@ -19,8 +20,7 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
   __shared__ int rst[65], acode[64], aok[64], s_code;
   __shared__ u64 pd[64], pt[64];
   __shared__ DcKey skey;
-  const int b = dc_grid_row(), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  if (b >= B) return;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
   int* tok = tokens + (i64)b * (k + 1);
   const i64 qrow = (i64)b * k;
@@ -101,4 +101,16 @@ extern "C" __global__ void __launch_bounds__(256) logits_chain(
   if (q.greedy) tok[n] = (int)rb[(i64)n * LG_REC + LG_ARG];
   else res_row[b] = n;
   status[b] = DY_ST_OK;
+}
+
+extern "C" __global__ void __launch_bounds__(256) logits_chain(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V,
+    const int* draft, const u32* qc, const int* qi, int W, const void* kseed, const void* kgen,
+    const void* krnd, const void* kpos, int kfmt, const u64* rec, const u64* vtab,
+    int* res_row, int* accepted, int* tokens, int* status) {
+  const int b = dc_grid_row();
+  if (b >= B) return;
+  lg_chain_run(x, dt, temp, topk, topp, minp, g, nd, b, k, V, draft, qc, qi, W, kseed, kgen, krnd,
+               kpos, kfmt, rec, vtab, res_row, accepted, tokens, status);
 }

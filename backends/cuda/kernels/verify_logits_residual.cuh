@@ -80,26 +80,27 @@ DC_FN int lg_list_at_or_above(const u32* bits, int n, u32 low, u16* ord, int cap
   return tot <= cap ? tot : -1;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
-    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
-    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nrt,
-    int rt, const int* draft, const u32* qc, const int* qi, int W, const void* kseed,
-    const void* kgen, const void* krnd, const void* kpos, int kfmt, const u64* rec,
-    const u64* vtab, const int* res_row, u64* rpart, u32* rcnt, int* accepted, int* tokens,
-    int* status, u64* rl_w, u32* rl_id, u32* rl_n) {
-  __shared__ DcShared sh;
-  __shared__ int is_last, snv, stile, sok;
-  __shared__ dy_u128 sx;
-  __shared__ uint64_t stab[4][256];
+/* The shared state of a logits_residual / logits_one_launch block. */
+struct LgResShared {
+  DcShared sh;
+  int is_last, snv, stile, sok;
+  dy_u128 sx;
+  uint64_t stab[4][256];
   /* the row's P column (lg_load_pcol) in the tile pass; in the request's last block
    * the drawn tile's logits as float32 bits (a tile of at most LG_RTILE tokens) */
-  __shared__ union { u64 pcol[LG_TE]; u32 bits[LG_RTILE]; } sb;
-  u64* const spc = sb.pcol;
-  const int tile = blockIdx.x, b = dc_grid_row(), tid = threadIdx.x;
-  if (b >= B) return;
-  const int i = res_row[b];
-  if (i < 0) return;
-  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  union { u64 pcol[LG_TE]; u32 bits[LG_RTILE]; } sb;
+  LgRes sr;  /* the block's one copy of its row, for the out-of-line calls */
+  u32 nl, rln;
+};
+
+/* Row i (the residual row of a rejected draft i < n, the bonus row i = n) of request b
+ * (parameters q) for the block: its record, cut, q row, support size and the bound
+ * r.low; the exponential's table in S.stab where every token computes its weight.
+ * Every thread of the block calls it; the copy in S.sr is set when it returns. */
+DC_FN LgRes lg_res_row(LgResShared& S, const void* x, int dt, const LgReq& q, int b, int i,
+                       int k, int V, const int* draft, const u32* qc, const int* qi, int W,
+                       const u64* rec, const u64* vtab) {
+  const int tid = threadIdx.x;
   const u64* rc = rec + ((i64)b * (k + 1) + i) * LG_REC;
   LgRes r;
   r.row.x = x; r.row.dt = dt; r.row.off = ((i64)b * (k + 1) + i) * V; r.row.temp = q.temp;
@@ -110,8 +111,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
    * weights from global memory); otherwise the exponential's table and the row's P
    * column in shared memory */
   r.low = lg_low_key(r.row, r.c, V);
-  const bool pcol = r.low == 0;
-  r.tab = pcol ? lg_load_table(stab) : LG_GTAB;
+  r.tab = r.low == 0 ? lg_load_table(S.stab) : LG_GTAB;
   r.bonus = i == k || i == q.n; r.qcr = 0; r.qir = 0; r.d = -1; r.nv = 0;
   if (!r.bonus) {
     r.d = draft[(i64)b * k + i];
@@ -122,54 +122,63 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     if (tid == 0) {
       int nv = W;
       if (r.qir) { int a = 0, z = W; while (a < z) { int m = (a + z) >> 1; if (r.qir[m] >= 0) a = m + 1; else z = m; } nv = a; }
-      snv = nv;
+      S.snv = nv;
     }
     __syncthreads();
-    r.nv = snv;
+    r.nv = S.snv;
   }
   /* the out-of-line calls read r from one copy in shared memory (every field is the
    * block's): a reference to a per-thread copy would store it to each thread's stack */
-  __shared__ LgRes sr;
-  if (tid == 0) sr = r;
+  __syncthreads();  /* every thread is past the previous row's copy */
+  if (tid == 0) S.sr = r;
   __syncthreads();
-  const int lo = tile * rt, hi = min(V, lo + rt);
+  return r;
+}
+
+/* The tile pass of row r over its tokens [lo, hi): the tile's sum into rpart[2 slot ..]
+ * (128 bits) and, on a cut row, its kept list (rl_*[slot LG_RL ..], rl_n[slot]).  Every
+ * thread of the block calls it. */
+DC_FN void lg_res_pass(LgResShared& S, const LgRes& r, int lo, int hi, i64 slot, u64* rpart,
+                       u64* rl_w, u32* rl_id, u32* rl_n) {
+  const int tid = threadIdx.x;
+  const bool pcol = r.low == 0;
   const bool dense = !r.bonus && r.qcr && !r.qir;
+  u64* const spc = S.sb.pcol;
   if (pcol) lg_load_pcol(r.row, r.c, spc);
   dy_u128 s = dy_make128(0, 0);
-  if (tid == 0) rl_n[(i64)b * nrt + tile] = LG_RL_NONE;  /* no kept list, unless below */
+  if (tid == 0) rl_n[slot] = LG_RL_NONE;  /* no kept list, unless below */
   /* a token below r.low has P = 0: no residual, no bonus mass */
   if (!pcol && hi - lo <= LG_RTILE) {
     /* a cut row: the tokens at or above r.low (few, scattered over the tile) are listed
      * first, by their offsets in the tile (sb is free: the P column is only for a row
      * without a cut), then their terms are computed by the block's threads together, so
      * that no warp runs the term one lane at a time; the sum is the same integer */
-    u16* const lst = (u16*)sb.bits;
-    __shared__ u32 s_nl;
-    if (tid == 0) s_nl = 0;
+    u16* const lst = (u16*)S.sb.bits;
+    if (tid == 0) S.nl = 0;
     __syncthreads();
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
-      if (dc_fkey(xb) >= r.low) lst[atomicAdd(&s_nl, 1u)] = (u16)(v - lo);
+      if (dc_fkey(xb) >= r.low) lst[atomicAdd(&S.nl, 1u)] = (u16)(v - lo);
     });
     __syncthreads();
-    const int nl = (int)s_nl;
+    const int nl = (int)S.nl;
     /* on a dense q row and the bonus row a listed token's term is its draw weight: the
      * tile keeps up to LG_RL of them, (id, weight) in list order, for its last block */
     const bool keep = (dense || r.bonus) && nl <= LG_RL;
-    const i64 rl = ((i64)b * nrt + tile) * LG_RL;
+    const i64 rl = slot * LG_RL;
     for (int j = tid; j < nl; j += blockDim.x) {
       const int v = lo + lst[j];
-      const dy_u128 t = lg_res_term_call(sr, v, lg_bits(r.row, v), false, dense, spc);
+      const dy_u128 t = lg_res_term_call(S.sr, v, lg_bits(r.row, v), false, dense, spc);
       s = dy_add128(s, t);
       if (keep) { rl_id[rl + j] = (u32)v; rl_w[2 * (rl + j)] = t.lo; rl_w[2 * (rl + j) + 1] = t.hi; }
     }
-    if (tid == 0 && keep) rl_n[(i64)b * nrt + tile] = (u32)nl;
-  } else if (dt == 0) {  /* float32: one loop, the token's work inline */
+    if (tid == 0 && keep) rl_n[slot] = (u32)nl;
+  } else if (r.row.dt == 0) {  /* float32: one loop, the token's work inline */
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
       if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term(r, v, xb, pcol, dense, spc));
     });
   } else {
     lg_tile(r.row, lo, hi, [&](int v, u32 xb) {
-      if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term_call(sr, v, xb, pcol, dense, spc));
+      if (dc_fkey(xb) >= r.low) s = dy_add128(s, lg_res_term_call(S.sr, v, xb, pcol, dense, spc));
     });
   }
   if (!r.bonus && !dense) {  /* support corrections: R = residual instead of P * 2**24 */
@@ -190,25 +199,34 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
       }
     }
   }
-  s = block_sum128(s, sh);
-  if (tid == 0) { rpart[2 * ((i64)b * nrt + tile)] = s.lo; rpart[2 * ((i64)b * nrt + tile) + 1] = s.hi; }
-  if (!dc_elect_last(&rcnt[b], (u32)nrt, &is_last)) return;
+  s = block_sum128(s, S.sh);
+  if (tid == 0) { rpart[2 * slot] = s.lo; rpart[2 * slot + 1] = s.hi; }
+}
+
+/* The request's last block: X below the row's total (domain CORRECTION at position i of
+ * request b), the tile holding X from the row's nrt tile sums (rp) and kept lists (slots
+ * from s0), then the token in it: tokens[b (k + 1) + i], or the request failed closed
+ * with RNG_EXHAUSTED.  Every thread of the block calls it. */
+DC_FN void lg_res_draw(LgResShared& S, const LgRes& r, const u64* rp, i64 s0, int nrt, int rt,
+                       int V, const u64* rl_w, const u32* rl_id, const u32* rl_n,
+                       const void* kseed, const void* kgen, const void* krnd, const void* kpos,
+                       int kfmt, int b, int i, int k, int* accepted, int* tokens, int* status) {
+  const int tid = threadIdx.x;
+  const bool pcol = r.low == 0;
   if (tid < 32)  /* warp 0: the tile holding X */
-    vr_draw_tile(rpart + 2 * (i64)b * nrt, nrt, kseed, kgen, krnd, kpos, kfmt, b, i, &stile, &sx,
-                 &sok);
+    vr_draw_tile(rp, nrt, kseed, kgen, krnd, kpos, kfmt, b, i, &S.stile, &S.sx, &S.sok);
   __syncthreads();
   DY_TL_MARK(0);  /* the tile drawn */
   int j = -1;
   /* the drawn tile's kept list (the pass's listed tokens with their weights): the token
    * over it in ascending id, as block_draw over the tile's list below would draw it */
-  __shared__ u32 s_rln;
-  if (tid == 0) s_rln = sok ? __ldcg(&rl_n[(i64)b * nrt + stile]) : LG_RL_NONE;
+  if (tid == 0) S.rln = S.sok ? __ldcg(&rl_n[s0 + S.stile]) : LG_RL_NONE;
   __syncthreads();
-  const u32 rln = s_rln;
-  if (sok && rln <= LG_RL) {
-    u32* const kid = sb.bits;                 /* ids, then ranks by id */
-    dy_u128* const kw = (dy_u128*)(sb.bits + 2 * LG_RL);  /* weights in id order */
-    const i64 rl = ((i64)b * nrt + stile) * LG_RL;
+  const u32 rln = S.rln;
+  if (S.sok && rln <= LG_RL) {
+    u32* const kid = S.sb.bits;                 /* ids, then ranks by id */
+    dy_u128* const kw = (dy_u128*)(S.sb.bits + 2 * LG_RL);  /* weights in id order */
+    const i64 rl = (s0 + S.stile) * LG_RL;
     u32 myid = 0;
     dy_u128 myw = dy_make128(0, 0);
     if (tid < (int)rln) {
@@ -225,31 +243,31 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
     }
     __syncthreads();
     const int a = block_draw([&](int q2) { return kw[q2]; }, (int)rln,
-                             [&](dy_u128, dy_u128*) { return false; }, sh, 0, false, sx);
+                             [&](dy_u128, dy_u128*) { return false; }, S.sh, 0, false, S.sx);
     j = a >= 0 ? (int)kid[LG_RL + a] : -1;
-  } else if (sok) {
+  } else if (S.sok) {
     /* the drawn tile's logits loaded once into shared memory (every thread's loads in
      * flight together), so that the search's passes over it wait on no global load;
      * a tile longer than LG_RTILE reads them from global memory */
-    const int l2 = stile * rt, h2 = min(V, l2 + rt);
+    const int l2 = S.stile * rt, h2 = min(V, l2 + rt);
     const bool held = h2 - l2 <= LG_RTILE;
-    if (held) lg_tile(r.row, l2, h2, [&](int v, u32 xb) { sb.bits[v - l2] = xb; });
+    if (held) lg_tile(r.row, l2, h2, [&](int v, u32 xb) { S.sb.bits[v - l2] = xb; });
     __syncthreads();
     DY_TL_MARK(1);  /* the tile's logits in shared memory */
     /* a cut row: the draw runs over the list of the tile's tokens at or above r.low in
      * ascending id (the others have R = 0, and a draw never stops at a token of weight 0:
      * the same token), the list in stab (free: the exponential's table is only for a row
      * without a cut), when it fits */
-    u16* const ord = (u16*)stab;
-    constexpr int ORD_CAP = (int)(sizeof(stab) / sizeof(u16));
+    u16* const ord = (u16*)S.stab;
+    constexpr int ORD_CAP = (int)(sizeof(LgResShared::stab) / sizeof(u16));
     int nl = -1;
-    if (held && !pcol) nl = lg_list_at_or_above(sb.bits, h2 - l2, r.low, ord, ORD_CAP);
+    if (held && !pcol) nl = lg_list_at_or_above(S.sb.bits, h2 - l2, r.low, ord, ORD_CAP);
     const bool listed = nl >= 0;
     j = block_draw([&](int a) {
-                     if (listed) return lg_res_weight_call(sr, l2 + ord[a], sb.bits[ord[a]]);
-                     return lg_res_weight(sr, a, held ? sb.bits[a - l2] : lg_bits(r.row, a));
-                   }, listed ? nl : h2, [&](dy_u128, dy_u128*) { return false; }, sh,
-                   listed ? 0 : l2, false, sx);
+                     if (listed) return lg_res_weight_call(S.sr, l2 + ord[a], S.sb.bits[ord[a]]);
+                     return lg_res_weight(S.sr, a, held ? S.sb.bits[a - l2] : lg_bits(r.row, a));
+                   }, listed ? nl : h2, [&](dy_u128, dy_u128*) { return false; }, S.sh,
+                   listed ? 0 : l2, false, S.sx);
     if (listed && j >= 0) j = l2 + ord[j];
   }
   DY_TL_MARK(2);  /* the token drawn */
@@ -261,4 +279,25 @@ extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
       tokens[(i64)b * (k + 1) + i] = j;
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3) logits_residual(
+    const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
+    const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, int nrt,
+    int rt, const int* draft, const u32* qc, const int* qi, int W, const void* kseed,
+    const void* kgen, const void* krnd, const void* kpos, int kfmt, const u64* rec,
+    const u64* vtab, const int* res_row, u64* rpart, u32* rcnt, int* accepted, int* tokens,
+    int* status, u64* rl_w, u32* rl_id, u32* rl_n) {
+  __shared__ LgResShared S;
+  const int tile = blockIdx.x, b = dc_grid_row();
+  if (b >= B) return;
+  const int i = res_row[b];
+  if (i < 0) return;
+  const LgReq q = lg_req(temp, topk, topp, minp, g, nd, b, k);
+  const LgRes r = lg_res_row(S, x, dt, q, b, i, k, V, draft, qc, qi, W, rec, vtab);
+  lg_res_pass(S, r, tile * rt, min(V, tile * rt + rt), (i64)b * nrt + tile, rpart, rl_w, rl_id,
+              rl_n);
+  if (!dc_elect_last(&rcnt[b], (u32)nrt, &S.is_last)) return;
+  lg_res_draw(S, r, rpart + 2 * (i64)b * nrt, (i64)b * nrt, nrt, rt, V, rl_w, rl_id, rl_n,
+              kseed, kgen, krnd, kpos, kfmt, b, i, k, accepted, tokens, status);
 }
