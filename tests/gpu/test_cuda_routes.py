@@ -123,6 +123,17 @@ def test_routing_table(primitive, shape, kernels):
     assert routes.kernel_names(primitive, nsm=NSM, **shape) == kernels
 
 
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 16, 32, 64])
+@pytest.mark.parametrize("k1", [1, 6])
+def test_logits_residual_grid_is_one_wave_where_the_tile_cap_allows(batch, k1):
+    """logits_residual keeps 3 blocks per SM resident: its tiles give at most one wave of
+    blocks over the batch's residual rows unless they are at the tile cap."""
+    _, rt = routes.logits_tiles(V, batch, k1, NSM)
+    assert rt % 1024 == 0 and rt <= routes.LOGITS_RESIDUAL_MAX_TILE
+    assert batch * -(-V // rt) <= routes.LOGITS_RESIDUAL_PER_SM * NSM or (
+        rt == routes.LOGITS_RESIDUAL_MAX_TILE)
+
+
 @pytest.mark.parametrize("batch", [1, 2, 4, 16, 64, 65536])
 @pytest.mark.parametrize("v", [1, 111, 4097, 32000, V, routes.LAZY_MAX_V])
 def test_lazy_tiles_fit_the_kernel(batch, v):

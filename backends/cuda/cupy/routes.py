@@ -92,9 +92,10 @@ RESIDUAL_MAX_TILE = 8192
 #: over at most LOGITS_FEW_ROWS rows, else ~LOGITS_ROWS_PER_SM, and at most
 #: LOGITS_MAX_TILE ids: a block has a cost besides its tokens, zeroing and merging a
 #: 2048-bucket histogram into its row's and reading the 4096-value table, so past one
-#: request's rows fewer, longer tiles take less time) and of the residual row (~4 blocks
-#: per SM, at most LOGITS_RESIDUAL_MAX_TILE: its last block holds one tile in shared
-#: memory).
+#: request's rows fewer, longer tiles take less time) and of the residual row
+#: (~LOGITS_RESIDUAL_PER_SM blocks per SM, the most logits_residual keeps resident, so
+#: that its grid is one wave where the tile cap allows; at most LOGITS_RESIDUAL_MAX_TILE:
+#: its last block holds one tile in shared memory).
 #: verify(logits=True) and the filtered dense allocate / propose over bfloat16 logits: over
 #: at most LOGITS_TABLE_ROWS rows the rows' value tables are filled by ``logits_table``
 #: (an entry a thread, over every SM), over more by logits_max's tails (each table on one
@@ -105,6 +106,7 @@ LOGITS_FEW_ROWS = 8
 LOGITS_FEW_ROWS_PER_SM = 4
 LOGITS_ROWS_PER_SM = 2
 LOGITS_RESIDUAL_MAX_TILE = 8192
+LOGITS_RESIDUAL_PER_SM = 3  # logits_residual's __launch_bounds__(256, 3)
 #: logits_one_launch (logits_chain's block and every row's residual tile pass in one grid)
 #: while 1 + (k + 1) x tiles blocks a request fit one wave at this many blocks per SM
 #: (its registers and shared memory allow 3), with tiles of at most
@@ -254,7 +256,7 @@ def logits_tiles(v, batch, k1, nsm):
     rows = batch * k1
     per_sm = LOGITS_FEW_ROWS_PER_SM if rows <= LOGITS_FEW_ROWS else LOGITS_ROWS_PER_SM
     return (tile_for(v, rows, nsm, LOGITS_MAX_TILE, per_sm),
-            tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE))
+            tile_for(v, batch, nsm, LOGITS_RESIDUAL_MAX_TILE, LOGITS_RESIDUAL_PER_SM))
 
 
 def logits_one_launch_tile(v, batch, k1, nsm):
