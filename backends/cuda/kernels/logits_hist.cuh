@@ -454,8 +454,8 @@ DC_FN void lg_hist_run(const void* x, int dt, const double* temp, const i64* top
                        u64* hmass, const u64* vtab, u32* tcnt, int ng) {
   __shared__ DcShared sh;
   __shared__ int is_last;
-  __shared__ u32 sc[LG_NB];
-  __shared__ u64 sm[LG_NB];
+  __shared__ __align__(16) u32 sc[LG_NB];
+  __shared__ __align__(16) u64 sm[LG_NB];
   /* a table row: its tile's tokens per table value (u32 ec[LG_TE]); a row without a
    * table: the exponential's table (uint64_t[4][256]) */
   __shared__ u64 eb[LG_TE / 2];
