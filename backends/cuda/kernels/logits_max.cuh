@@ -247,7 +247,6 @@ extern "C" __global__ void __launch_bounds__(256) logits_table(
     const void* x, int dt, const double* temp, const i64* topk, const u32* topp,
     const u32* minp, const unsigned char* g, const int* nd, int B, int k, int V, const u64* rec,
     u64* tab) {
-  __shared__ uint64_t stab[4][256];
   const int r = dc_grid_row();
   if (r >= B * (k + 1) || B * (k + 1) > LG_TABLE_ROWS) return;
   const int b = r / (k + 1), i = r - b * (k + 1);
@@ -257,7 +256,10 @@ extern "C" __global__ void __launch_bounds__(256) logits_table(
   const u32 e0 = (u32)rc[LG_WIN];
   if (e0 == LG_NOWIN) return;
   const LgRow row = {x, dt, (i64)r * V, q.temp, q.greedy, 0, LG_NOWIN};
-  const LgTab et = lg_load_table(stab);
+  /* the exponential's table read where it lies (through the read-only cache): a block
+   * computes 256 entries, too few to pay for its copy into shared memory (8 KiB a block,
+   * LG_TE / 256 blocks a row) */
+  const LgTab et = LG_GTAB;
   const int j = (int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x;
   if (j < LG_TE)
     lg_table_entry(row, dy_key_value(rc[LG_MAXKEY]), rc[LG_MPW], e0, j, et,
