@@ -438,11 +438,11 @@ DC_FN int block_draw(G getw, int n, D drawx, DcShared& sh, int lo0 = 0, bool fir
         dy_u128 w = lane < len ? getw(lo + lane) : dy_make128(0, 0);
         const dy_u128 inc = dc_warp_scan(w, lane);
         if (first) {  /* tiny row: draw from its total here */
-          dy_u128 tot = dy_make128(__shfl_sync(0xffffffffu, inc.hi, 31), __shfl_sync(0xffffffffu, inc.lo, 31));
+          const dy_u128 tot = dc_shfl(inc, 31);
           bool ok = false;
           if (lane == 0) ok = !dy_is_zero128(tot) && drawx(tot, &x);
           ok = __shfl_sync(0xffffffffu, (int)ok, 0) != 0;
-          x = dy_make128(__shfl_sync(0xffffffffu, x.hi, 0), __shfl_sync(0xffffffffu, x.lo, 0));
+          x = dc_shfl(x, 0);
           if (!ok) { if (lane == 0) sh.found = -1; }
           else {
             unsigned bal = __ballot_sync(0xffffffffu, lane < len && dy_lt128(x, inc));
