@@ -141,6 +141,7 @@ def test_lazy_tiles_fit_the_kernel(batch, v):
     vt = routes.lazy_tile(v, batch, NSM)
     assert vt % 1024 == 0 and 1024 <= vt <= 32768 and -(-v // vt) <= 128
 
+
 @pytest.mark.parametrize("batch", [1, 2, 4, 5, 16, 64])
 @pytest.mark.parametrize("k1", [1, 2, 6, 9, 17])
 @pytest.mark.parametrize("v", [1, 1000, 4097, 32000, V, 1 << 20])
@@ -160,7 +161,6 @@ def test_logits_one_launch_taken_at_small_batches():
     """At V = 129280 and k = 5 on 132 SMs: one launch up to B = 4, two launches from 5."""
     taken = [b for b in range(1, 65) if routes.logits_one_launch_tile(V, b, 6, NSM)]
     assert taken == [1, 2, 3, 4]
-
 
 
 @pytest.mark.parametrize("batch", [1, 2, 4, 8, 32, 64])
