@@ -129,13 +129,27 @@ def rgrid(nx, rows):
     return (nx, -(-rows // z), z)
 
 
+def ceil_1024(n):
+    """``n`` rounded up to a multiple of 1024 (the kernels' tiles)."""
+    return -(-n // 1024) * 1024
+
+
 def tile_for(v, rows, nsm, cap, per_sm=4):
     """A tile length (a multiple of 1024, at most ``cap``) giving ~``per_sm`` blocks per
     SM over ``rows`` rows of ``v`` ids."""
     want = max(1, int(-(-per_sm * nsm // max(rows, 1))))
-    t = -(-v // want)
-    t = -(-t // 1024) * 1024
-    return max(1024, min(cap, t))
+    return max(1024, min(cap, ceil_1024(-(-v // want))))
+
+
+def one_wave_tile(v, per_row, min_tile, cap):
+    """The tile of a one-launch grid whose requests have room for ``per_row`` tiles a row:
+    the most tiles a row (at most ``per_row``, each of at least ``min_tile`` ids), their
+    length rounded up to a multiple of 1024; 0 where not one fits (``per_row`` < 1) or
+    that length passes ``cap``."""
+    if per_row < 1:
+        return 0
+    t = ceil_1024(-(-v // min(-(-v // min_tile), per_row)))
+    return t if t <= cap else 0
 
 
 # --- allocate / propose ----------------------------------------------------------------
@@ -195,8 +209,7 @@ def select_rank_counting(top_k, batch):
 def dense_tile(v, batch, nsm):
     """The dense kernels' tile: one wave of <= 4 blocks per SM (64 registers each)."""
     want = max(1, (4 * nsm) // max(batch, 1))
-    dt = -(-v // want)
-    return max(1024, -(-dt // 1024) * 1024)
+    return max(1024, ceil_1024(-(-v // want)))
 
 
 # --- verify ----------------------------------------------------------------------------
@@ -234,12 +247,10 @@ def one_launch_tile(v, batch, k1, nsm):
     ONE_LAUNCH_MAX_ELEMENTS."""
     if k1 > ONE_LAUNCH_MAX_K1 or v > LAZY_MAX_V:
         return 0
-    per_row = (3 * nsm // batch - 1) // k1
-    if per_row >= 1:
-        nt = min(-(-v // LAZY_MIN_TILE), per_row, 128)
-        vt = -(-(-(-v // nt)) // 1024) * 1024
-        if vt <= ONE_LAUNCH_MAX_TILE:
-            return vt
+    vt = one_wave_tile(v, min((3 * nsm // batch - 1) // k1, 128), LAZY_MIN_TILE,
+                       ONE_LAUNCH_MAX_TILE)
+    if vt:
+        return vt
     return lazy_tile(v, batch, nsm) if batch * k1 * v <= ONE_LAUNCH_MAX_ELEMENTS else 0
 
 
@@ -265,12 +276,8 @@ def logits_one_launch_tile(v, batch, k1, nsm):
     1024 ids each) with 1 + k1 x tiles blocks a request within one wave at
     LOGITS_ONE_LAUNCH_PER_SM blocks per SM, if that makes tiles of at most
     LOGITS_RESIDUAL_MAX_TILE ids."""
-    per_row = (LOGITS_ONE_LAUNCH_PER_SM * nsm // max(batch, 1) - 1) // k1
-    if per_row < 1:
-        return 0
-    nt = min(-(-v // 1024), per_row)
-    t = -(-(-(-v // nt)) // 1024) * 1024
-    return t if t <= LOGITS_RESIDUAL_MAX_TILE else 0
+    return one_wave_tile(v, (LOGITS_ONE_LAUNCH_PER_SM * nsm // max(batch, 1) - 1) // k1, 1024,
+                         LOGITS_RESIDUAL_MAX_TILE)
 
 
 #: Over more than LOGITS_TABLE_ROWS rows of bfloat16 logits logits_max counts each
