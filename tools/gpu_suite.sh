@@ -26,11 +26,14 @@
 #           (comma-separated substrings, or =NAME for one case) picks cases; KERNELS=N adds
 #           each kernel's device time over N eager invocations (torch.profiler)
 #   ab      A/B: the checkout in $AB_OLD (a source tree, e.g. `git archive REV`) against this
-#           tree, each installed into its own folder, $AB_RUNS (2) alternating runs of
-#           dyadic/bench/gpu.py per side (each pinned to CPU core $AB_CPU where set), then
-#           python -m dyadic.bench compare; then, where AB_TESTS (pytest files) or AB_FUZZ
-#           (fuzz primitives) are given, those on this tree's install (its kernels compiled by
-#           the timed runs), side by side: one call measures and tests a tree
+#           tree, each installed into its own folder and its kernels compiled, side by side,
+#           $AB_RUNS (2) alternating runs of dyadic/bench/gpu.py per side (each pinned to CPU
+#           core $AB_CPU where set), then python -m dyadic.bench compare; AB_MID (up to 10
+#           source trees, space-separated) adds sides between the two (mida, midb, ...),
+#           each step old -> mida -> ... -> new compared as well; then, where AB_TESTS
+#           (pytest files) or AB_FUZZ (fuzz primitives) are given, those on this tree's
+#           install (its kernels already compiled), side by side: one call measures and
+#           tests a tree
 #   kab     python -m dyadic.bench kernel-ab $KAB_OLD: the kernels of the source tree KAB_OLD
 #           against this tree's, alternating in one process under this tree's plans
 #           (KAB_ROUNDS rounds of KAB_REPS profiled invocations; CASES and BATCH as bench)
@@ -41,8 +44,8 @@
 #   timeline  python -m dyadic.bench timeline: each kernel's pass and last-block tail in a
 #           call, from %globaltimer stamps of an instrumented copy of the kernels (TL_CASES,
 #           default the verify-from-logits case; BATCH as bench)
-# (The ab stage takes KERNELS too; the first run of each side compiles its kernels, which
-# with the cold logits cases needs an AB_T well above 70 s.)
+# (The ab stage takes KERNELS too; each side's kernels compile in a process of their own,
+# about 70 s, under AB_T, before any timed run.)
 # Each stage has its own timeout (CUDA_T, NUMBA_T, INTEGRATIONS_T, FUZZ_T, BENCH_T, AB_T per run,
 # KAB_T, TL_T) so one
 # call fits a device lease; split the stages over calls where they do not.
@@ -199,25 +202,49 @@ PY
       --kernels ${KERNELS:-0} 2>&1 | tail -${TAIL:-60}
   echo "bench exit: $?"
   fi
-  if has ab; then stamp "A/B: ${AB_OLD:?AB_OLD: the old source tree} vs this tree"
+  if has ab; then stamp "A/B: ${AB_OLD:?AB_OLD: the old source tree} ${AB_MID:+$AB_MID }vs this tree"
   rm -rf /tmp/ab && mkdir -p /tmp/ab "$OUT/ab"
-  install_into /tmp/ab/old "$AB_OLD" &  # the two installs side by side
+  # the sides: old ($AB_OLD), mida, midb, ... ($AB_MID), new (this tree)
+  sides="old"; n=0
+  install_into /tmp/ab/old "$AB_OLD" &  # the installs side by side
+  for t in ${AB_MID:-}; do
+    m=mid$(echo abcdefghij | cut -c$((n + 1))); n=$((n + 1)); sides="$sides $m"
+    install_into /tmp/ab/$m "$t" &
+  done
+  sides="$sides new"
   install_into /tmp/ab/new . &
   wait
-  tail -n 2 /tmp/ab/old.install /tmp/ab/new.install
-  files=""
+  for side in $sides; do tail -n 2 /tmp/ab/$side.install; done
+  # each side's kernels compiled before the timed runs, side by side (CuPy's kernel cache
+  # then serves every run)
+  for side in $sides; do
+    ( cd /tmp && PYTHONPATH=/tmp/ab/$side timeout ${AB_T:-150} python3 -c \
+        "from dyadic.backends.cuda.cupy import runtime; runtime.module()" 2>&1 | tail -2 ) &
+  done
+  wait
+  stamp "A/B: kernels compiled"
   for i in $(seq ${AB_RUNS:-2}); do
-    for side in old new; do
+    for side in $sides; do
       stamp "A/B run $side$i"
       PYTHONPATH=/tmp/ab/$side timeout ${AB_T:-150} ${AB_CPU:+taskset -c $AB_CPU} python3 dyadic/bench/gpu.py \
           --label $side$i --out "$OUT/ab" --reps ${AB_REPS:-100} --batch ${BATCH:-1,4,16,64} \
           --cases "${CASES:-}" --kernels ${KERNELS:-0} \
           2>&1 | tail -3
       echo "A/B $side$i exit: $?"
-      files="$files $OUT/ab/gpu-$side$i.json"
     done
   done
-  python3 -m dyadic.bench compare $files --tolerance ${AB_TOL:-0.05} 2>&1 | tee "$OUT/ab-compare.md"
+  # the runs of sides $1 and $2, alternated
+  ab_files() { for i in $(seq ${AB_RUNS:-2}); do echo "$OUT/ab/gpu-$1$i.json $OUT/ab/gpu-$2$i.json"; done; }
+  python3 -m dyadic.bench compare $(ab_files old new) --tolerance ${AB_TOL:-0.05} 2>&1 \
+      | tee "$OUT/ab-compare.md"
+  prev=old
+  for side in $sides; do  # with AB_MID: each step old -> mida -> ... -> new
+    [ "$side" = old ] || [ -z "${AB_MID:-}" ] && continue
+    echo "### A/B step: $prev -> $side"
+    python3 -m dyadic.bench compare $(ab_files $prev $side) --tolerance ${AB_TOL:-0.05} 2>&1 \
+        | tee "$OUT/ab-compare-$prev-$side.md"
+    prev=$side
+  done
   if [ -n "${AB_TESTS:-}${AB_FUZZ:-}" ]; then stamp "A/B: this tree's tests and fuzz"
   # after the timed runs, from the same install (its kernels already compiled)
   test_install /tmp/ab/new . "${AB_TESTS:-}" "${AB_FUZZ:-}"
