@@ -86,14 +86,43 @@ def compile_module(kernel_dir=None, include=None):
     return mod
 
 
+#: The oldest compute capability (major * 10 + minor) the kernels compile for: they use
+#: sm_90's packed 16-bit maximum (``max.u16x2``, topk_onepass_packed.cuh) and sm_80's
+#: warp reductions (``__reduce_add_sync`` and its kin).
+MIN_COMPUTE_CAPABILITY = 90
+
+
+def compute_capability(dev):
+    """Device ``dev``'s compute capability as major * 10 + minor, or None where CuPy
+    does not say."""
+    try:
+        return int(cupy().cuda.Device(dev).compute_capability)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def check_device(dev):
+    """BackendUnavailable for a device older than MIN_COMPUTE_CAPABILITY, before NVRTC
+    or ptxas fails on the kernels (a device whose capability CuPy does not report is
+    left to the compiler)."""
+    cc = compute_capability(dev)
+    if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+        from ...._backend import BackendUnavailable
+        raise BackendUnavailable(
+            f"backend 'cuda': device {dev} has compute capability {cc // 10}.{cc % 10}; "
+            f"its kernels need {MIN_COMPUTE_CAPABILITY // 10}.{MIN_COMPUTE_CAPABILITY % 10} "
+            f"or later (instructions of sm_90)")
+
+
 def module(dev=None):
     """The compiled RawModule of device ``dev`` (default: the current one), compiled
-    once per device."""
+    once per device; BackendUnavailable on a device older than MIN_COMPUTE_CAPABILITY."""
     cupy()  # device_id is CuPy's from here on
     if dev is None:
         dev = device_id()
     mod = _MODULES.get(dev)
     if mod is None:
+        check_device(dev)
         mod = _MODULES[dev] = compile_module()
     return mod
 
