@@ -15,6 +15,7 @@ concurrently on different streams of the same device.
 import hashlib
 import os
 
+from ...._backend import BackendUnavailable
 from . import launch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -107,11 +108,10 @@ def check_device(dev):
     left to the compiler)."""
     cc = compute_capability(dev)
     if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
-        from ...._backend import BackendUnavailable
+        need = MIN_COMPUTE_CAPABILITY
         raise BackendUnavailable(
             f"backend 'cuda': device {dev} has compute capability {cc // 10}.{cc % 10}; "
-            f"its kernels need {MIN_COMPUTE_CAPABILITY // 10}.{MIN_COMPUTE_CAPABILITY % 10} "
-            f"or later (instructions of sm_90)")
+            f"its kernels need {need // 10}.{need % 10} or later (instructions of sm_{need})")
 
 
 def module(dev=None):
